@@ -1,0 +1,149 @@
+"""The ``DJANGO_DOMAIN_EVENTS`` settings dict, merged over the defaults and validated.
+
+Validation lives here so that ``manage.py check`` and the first use of a setting
+tell the same story: the key, the bad value and what to write instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, fields
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+
+SETTINGS_NAME = "DJANGO_DOMAIN_EVENTS"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The package's settings, after merging and validation."""
+
+    CODEC: str = "django_domain_events.codec.DataclassCodec"
+    WARN_OUTSIDE_ATOMIC: bool = True
+    BATCH_SIZE: int = 50
+    LEASE_SECONDS: float = 300.0
+    POLL_SECONDS: float = 1.0
+    WAKE: str = "notify"
+    NOTIFY_COALESCE_SECONDS: float = 0.5
+    BACKOFF_BASE_SECONDS: float = 2.0
+    BACKOFF_CAP_SECONDS: float = 3600.0
+    MAX_RECEIVER_RETRY_DELAY_SECONDS: float = 86400.0
+    RETENTION_DAYS: float = 90
+    PRUNE_BATCH_ROWS: int = 5000
+    RELAY_PRUNE: bool = True
+    RELAY_PRUNE_SECONDS: float = 60.0
+    TASK_BACKEND: Any = None
+    AROUND_DELIVERY: str | None = None
+    MESSAGE_TTL_SECONDS: float | None = None
+    DEAD_LETTER_TTL_SECONDS: float | None = None
+
+
+KEYS = tuple(f.name for f in fields(Settings))
+
+_POSITIVE_NUMBERS = (
+    "LEASE_SECONDS",
+    "POLL_SECONDS",
+    "BACKOFF_BASE_SECONDS",
+    "BACKOFF_CAP_SECONDS",
+    "MAX_RECEIVER_RETRY_DELAY_SECONDS",
+    "RETENTION_DAYS",
+    "RELAY_PRUNE_SECONDS",
+)
+_POSITIVE_INTS = ("BATCH_SIZE", "PRUNE_BATCH_ROWS")
+_OPTIONAL_POSITIVE_NUMBERS = ("MESSAGE_TTL_SECONDS", "DEAD_LETTER_TTL_SECONDS")
+_BOOLS = ("WARN_OUTSIDE_ATOMIC", "RELAY_PRUNE")
+_DOTTED_PATHS = ("CODEC",)
+_OPTIONAL_DOTTED_PATHS = ("AROUND_DELIVERY",)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def problems(raw: object) -> list[str]:
+    """Every reason ``raw`` is not a valid settings dict, as sentences."""
+    if not isinstance(raw, dict):
+        return [f"{SETTINGS_NAME} must be a dict, not {type(raw).__name__}."]
+    found: list[str] = []
+    for key in raw:
+        if key not in KEYS:
+            close = difflib.get_close_matches(str(key), KEYS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            found.append(f"{SETTINGS_NAME}[{key!r}] is not a setting of this package.{hint}")
+    for key in _POSITIVE_NUMBERS:
+        value = raw.get(key, 1)
+        if not _is_number(value) or value <= 0:
+            found.append(f"{SETTINGS_NAME}[{key!r}] must be a positive number, not {value!r}.")
+    for key in _POSITIVE_INTS:
+        value = raw.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            found.append(f"{SETTINGS_NAME}[{key!r}] must be a whole number >= 1, not {value!r}.")
+    for key in _OPTIONAL_POSITIVE_NUMBERS:
+        value = raw.get(key)
+        if value is not None and (not _is_number(value) or value <= 0):
+            found.append(
+                f"{SETTINGS_NAME}[{key!r}] must be None (no lifetime) or a positive number "
+                f"of seconds, not {value!r}."
+            )
+    for key in _BOOLS:
+        value = raw.get(key, True)
+        if not isinstance(value, bool):
+            found.append(f"{SETTINGS_NAME}[{key!r}] must be True or False, not {value!r}.")
+    for key in _DOTTED_PATHS + _OPTIONAL_DOTTED_PATHS:
+        value = raw.get(key, "a.b")
+        if value is None and key in _OPTIONAL_DOTTED_PATHS:
+            continue
+        if not isinstance(value, str) or "." not in value:
+            found.append(f"{SETTINGS_NAME}[{key!r}] must be a dotted import path, not {value!r}.")
+    wake = raw.get("WAKE", "notify")
+    if wake not in ("notify", "poll"):
+        found.append(f"{SETTINGS_NAME}['WAKE'] must be 'notify' or 'poll', not {wake!r}.")
+    coalesce = raw.get("NOTIFY_COALESCE_SECONDS", 0)
+    if not _is_number(coalesce) or coalesce < 0:
+        found.append(
+            f"{SETTINGS_NAME}['NOTIFY_COALESCE_SECONDS'] must be a number >= 0, not {coalesce!r}."
+        )
+    base = raw.get("BACKOFF_BASE_SECONDS", Settings.BACKOFF_BASE_SECONDS)
+    cap = raw.get("BACKOFF_CAP_SECONDS", Settings.BACKOFF_CAP_SECONDS)
+    if _is_number(base) and _is_number(cap) and cap < base:
+        found.append(
+            f"{SETTINGS_NAME}['BACKOFF_CAP_SECONDS'] ({cap!r}) is below "
+            f"BACKOFF_BASE_SECONDS ({base!r}); raise the cap or lower the base."
+        )
+    backend = raw.get("TASK_BACKEND")
+    if backend is not None and not (
+        (isinstance(backend, str) and "." in backend)
+        or (isinstance(backend, dict) and isinstance(backend.get("BACKEND"), str))
+    ):
+        found.append(
+            f"{SETTINGS_NAME}['TASK_BACKEND'] must be a dotted path or a dict with a "
+            f"'BACKEND' dotted path, not {backend!r}."
+        )
+    return found
+
+
+_cached: Settings | None = None
+
+
+def get() -> Settings:
+    """The validated settings; raises ``ImproperlyConfigured`` naming every problem."""
+    global _cached
+    if _cached is None:
+        raw = getattr(django_settings, SETTINGS_NAME, {})
+        found = problems(raw)
+        if found:
+            raise ImproperlyConfigured(" ".join(found))
+        _cached = Settings(**raw)
+    return _cached
+
+
+def _reset(*, setting: str, **kwargs: object) -> None:
+    global _cached
+    if setting == SETTINGS_NAME:
+        _cached = None
+
+
+setting_changed.connect(_reset)

@@ -1,0 +1,557 @@
+"""Declaring events and receivers: ``@event``, ``@receiver``, ``AnyEvent`` and the registry.
+
+Every rule a declaration can break is checked here, at import time, so that a mistake
+fails the deploy rather than the first fire weeks later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeVar, overload
+
+from django.apps import apps
+
+from .retry import RetryPolicy
+
+MAX_NAME_LENGTH = 255
+
+
+class DeliveryMode(enum.Enum):
+    """How a receiver is run: inside the firing transaction, after it, or from a row."""
+
+    INLINE = "inline"
+    ON_COMMIT = "on_commit"
+    DURABLE = "durable"
+
+
+INLINE = DeliveryMode.INLINE
+ON_COMMIT = DeliveryMode.ON_COMMIT
+DURABLE = DeliveryMode.DURABLE
+
+
+class Retention(enum.Enum):
+    """When a settled event may be pruned, instead of the ``RETENTION_DAYS`` window."""
+
+    SUCCEEDED = "succeeded"
+    SETTLED = "settled"
+
+
+class AnyEvent:
+    """Declare ``@receiver(AnyEvent)`` to be owed every event fired, whatever its class."""
+
+
+@dataclass(frozen=True)
+class RegisteredEvent:
+    """An ``@event`` class as the registry knows it."""
+
+    event_class: type
+    name: str
+    version: int
+    retention: timedelta | Retention | None
+    upgrade: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class RegisteredReceiver:
+    """A ``@receiver`` function and everything its declaration said."""
+
+    key: str
+    event_class: type
+    func: Callable[..., Any]
+    mode: DeliveryMode
+    takes_context: bool
+    max_attempts: int | None
+    eager: bool
+    site: str
+    on_failure: Callable[..., Any] | None
+    lease_seconds: float | None
+    targets: Callable[..., Iterable[str]] | None
+    backoff_base_seconds: float | None
+    backoff_cap_seconds: float | None
+    lane: str
+    give_up_after: timedelta | None
+    due: timedelta | Callable[[Any], Any] | None
+    ttl: timedelta | None = None
+    retry: RetryPolicy | None = None
+    is_async: bool = field(default=False, compare=False)
+
+    @property
+    def durable(self) -> bool:
+        return self.mode is DURABLE
+
+    @property
+    def wildcard(self) -> bool:
+        return self.event_class is AnyEvent
+
+
+class Registry:
+    """Every declared event and receiver, looked up by class, name or key."""
+
+    def __init__(self) -> None:
+        self._events_by_class: dict[type, RegisteredEvent] = {}
+        self._events_by_name: dict[str, RegisteredEvent] = {}
+        self._receivers: dict[str, RegisteredReceiver] = {}
+        self._for_class: dict[type, tuple[RegisteredReceiver, ...]] = {}
+
+    # Events -----------------------------------------------------------------
+
+    def add_event(self, registered: RegisteredEvent) -> None:
+        existing = self._events_by_name.get(registered.name)
+        if existing is not None and not _same_definition(
+            existing.event_class, registered.event_class
+        ):
+            raise ValueError(
+                f"Event name {registered.name!r} is already declared by "
+                f"{_dotted(existing.event_class)}; give {_dotted(registered.event_class)} "
+                "another name with @event(name=...)."
+            )
+        if existing is not None:
+            self._events_by_class.pop(existing.event_class, None)
+        self._events_by_class[registered.event_class] = registered
+        self._events_by_name[registered.name] = registered
+        self._for_class.clear()
+
+    def event_for_class(self, cls: type) -> RegisteredEvent | None:
+        return self._events_by_class.get(cls)
+
+    def event_named(self, name: str) -> RegisteredEvent | None:
+        return self._events_by_name.get(name)
+
+    @property
+    def events(self) -> list[RegisteredEvent]:
+        return sorted(self._events_by_name.values(), key=lambda e: e.name)
+
+    # Receivers --------------------------------------------------------------
+
+    def add_receiver(self, registered: RegisteredReceiver) -> None:
+        existing = self._receivers.get(registered.key)
+        if existing is not None and not _same_definition(existing.func, registered.func):
+            raise ValueError(
+                f"Receiver key {registered.key!r} is already taken by {_dotted(existing.func)}; "
+                f"give {_dotted(registered.func)} its own key with @receiver(..., key=...)."
+            )
+        self._receivers[registered.key] = registered
+        self._for_class.clear()
+
+    def forget(self, key: str) -> None:
+        """Remove a receiver: for tests that declare receivers at run time."""
+        self._receivers.pop(key, None)
+        self._for_class.clear()
+
+    def receiver(self, key: str) -> RegisteredReceiver | None:
+        return self._receivers.get(key)
+
+    @property
+    def receivers(self) -> list[RegisteredReceiver]:
+        return sorted(self._receivers.values(), key=lambda r: r.key)
+
+    def receivers_for(self, cls: type) -> tuple[RegisteredReceiver, ...]:
+        """The receivers owed an event of ``cls``: its own and the wildcards, by key."""
+        found = self._for_class.get(cls)
+        if found is None:
+            found = tuple(
+                r
+                for r in self.receivers
+                if r.event_class is cls or (r.wildcard and cls is not AnyEvent)
+            )
+            self._for_class[cls] = found
+        return found
+
+    def lanes(self) -> dict[str, tuple[str, ...]]:
+        """Durable receiver keys by lane; ``default`` is always present."""
+        lanes: dict[str, list[str]] = {"default": []}
+        for r in self.receivers:
+            if r.durable:
+                lanes.setdefault(r.lane, []).append(r.key)
+        return {lane: tuple(keys) for lane, keys in sorted(lanes.items())}
+
+
+registry = Registry()
+
+
+def _dotted(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def _same_definition(a: Any, b: Any) -> bool:
+    """True when ``b`` is ``a`` declared again (a module imported twice)."""
+    return _dotted(a) == _dotted(b)
+
+
+def _app_label(obj: Any) -> str:
+    module = getattr(obj, "__module__", "") or ""
+    config = apps.get_containing_app_config(module) if apps.apps_ready else None
+    if config is not None:
+        return config.label
+    return module.split(".")[0] or "app"
+
+
+# @event ---------------------------------------------------------------------
+
+E = TypeVar("E", bound=type)
+
+
+@overload
+def event(cls: E, /) -> E: ...
+@overload
+def event(
+    *,
+    name: str | None = None,
+    version: int = 1,
+    retention: timedelta | Retention | None = None,
+) -> Callable[[E], E]: ...
+
+
+def event(
+    cls: Any = None,
+    /,
+    *,
+    name: str | None = None,
+    version: int = 1,
+    retention: timedelta | Retention | None = None,
+) -> Any:
+    """Declare a frozen dataclass as an event type that ``fire()`` can record."""
+
+    def declare(cls: E) -> E:
+        registry.add_event(_registered_event(cls, name, version, retention))
+        return cls
+
+    return declare(cls) if cls is not None else declare
+
+
+def _registered_event(
+    cls: Any, name: str | None, version: int, retention: timedelta | Retention | None
+) -> RegisteredEvent:
+    if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
+        raise TypeError(
+            f"@event needs a frozen dataclass, and {cls!r} is not a dataclass; "
+            "decorate it with @dataclass(frozen=True) below @event."
+        )
+    if not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        raise TypeError(
+            f"@event needs a frozen dataclass, and {_dotted(cls)} is not frozen: an event is a "
+            "fact that must not change after it is fired. Use @dataclass(frozen=True)."
+        )
+    name = name if name is not None else f"{_app_label(cls)}.{cls.__name__}"
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"@event(name=) must be a non-empty string of at most {MAX_NAME_LENGTH} "
+            f"characters, not {name!r}."
+        )
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"@event(version=) must be an int >= 1, not {version!r}.")
+    _check_retention(retention)
+    upgrade = _upgrade_hook(cls)
+    return RegisteredEvent(
+        event_class=cls, name=name, version=version, retention=retention, upgrade=upgrade
+    )
+
+
+def _check_retention(retention: object) -> None:
+    if retention is None or isinstance(retention, Retention):
+        return
+    if isinstance(retention, timedelta):
+        if retention <= timedelta(0) or retention.microseconds:
+            raise ValueError(
+                f"@event(retention=) must be a positive timedelta of whole seconds, "
+                f"not {retention!r}."
+            )
+        return
+    raise TypeError(
+        f"@event(retention=) takes None, a timedelta, Retention.SUCCEEDED or "
+        f"Retention.SETTLED, not {retention!r}."
+    )
+
+
+def _upgrade_hook(cls: type) -> Callable[[dict[str, Any], int], dict[str, Any]] | None:
+    raw = inspect.getattr_static(cls, "upgrade", None)
+    if raw is None:
+        return None
+    if not isinstance(raw, staticmethod | classmethod):
+        raise TypeError(
+            f"{_dotted(cls)}.upgrade must be a @staticmethod or @classmethod taking "
+            "(payload: dict, from_version: int); a plain method would need an event "
+            "instance, which cannot exist before the payload is upgraded."
+        )
+    hook: Callable[[dict[str, Any], int], dict[str, Any]] = cls.upgrade  # type: ignore[attr-defined]
+    return hook
+
+
+# @receiver ------------------------------------------------------------------
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Arguments that describe a delivery row; meaningless without one.
+_ROW_ARGUMENTS = (
+    "max_attempts",
+    "eager",
+    "site",
+    "lease_seconds",
+    "targets",
+    "backoff_base_seconds",
+    "backoff_cap_seconds",
+    "retry",
+    "lane",
+    "give_up_after",
+    "due",
+    "ttl",
+)
+_ROW_DEFAULTS: dict[str, Any] = {
+    "max_attempts": 5,
+    "eager": False,
+    "site": "relay",
+    "lane": "default",
+}
+
+
+def receiver(
+    event_cls: type,
+    *,
+    key: str | None = None,
+    mode: DeliveryMode = DURABLE,
+    max_attempts: int | None = 5,
+    eager: bool = False,
+    site: str = "relay",
+    lease_seconds: float | None = None,
+    takes_context: bool = False,
+    on_failure: Callable[..., Any] | None = None,
+    targets: Callable[..., Iterable[str]] | None = None,
+    backoff_base_seconds: float | None = None,
+    backoff_cap_seconds: float | None = None,
+    retry: RetryPolicy | None = None,
+    lane: str = "default",
+    give_up_after: timedelta | None = None,
+    due: timedelta | Callable[[Any], Any] | None = None,
+    ttl: timedelta | None = None,
+) -> Callable[[F], F]:
+    """Declare ``func`` as a reaction to ``event_cls`` (or to every event, ``AnyEvent``)."""
+    given = {
+        "max_attempts": max_attempts,
+        "eager": eager,
+        "site": site,
+        "lease_seconds": lease_seconds,
+        "targets": targets,
+        "backoff_base_seconds": backoff_base_seconds,
+        "backoff_cap_seconds": backoff_cap_seconds,
+        "retry": retry,
+        "lane": lane,
+        "give_up_after": give_up_after,
+        "due": due,
+        "ttl": ttl,
+    }
+    _check_event_class(event_cls)
+    _check_mode(mode, given)
+    if mode is DURABLE:
+        _check_row_arguments(given)
+    if on_failure is not None and not callable(on_failure):
+        raise TypeError(f"@receiver(on_failure=) must be callable, not {on_failure!r}.")
+    if not isinstance(takes_context, bool):
+        raise TypeError(f"@receiver(takes_context=) must be True or False, not {takes_context!r}.")
+
+    def declare(func: F) -> F:
+        if not callable(func):
+            raise TypeError(f"@receiver decorates a function, not {func!r}.")
+        _check_arity(func, takes_context)
+        receiver_key = key if key is not None else f"{_app_label(func)}.{func.__name__}"
+        if not isinstance(receiver_key, str) or not receiver_key.strip():
+            raise ValueError(f"@receiver(key=) must be a non-empty string, not {receiver_key!r}.")
+        if len(receiver_key) > MAX_NAME_LENGTH:
+            raise ValueError(
+                f"@receiver(key={receiver_key[:40]!r}...) is {len(receiver_key)} characters; "
+                f"keys are stored in a column of {MAX_NAME_LENGTH}. Choose a shorter key."
+            )
+        policy = retry
+        if backoff_base_seconds is not None or backoff_cap_seconds is not None:
+            policy = None  # the knobs are read against the settings at each failure
+        registry.add_receiver(
+            RegisteredReceiver(
+                key=receiver_key,
+                event_class=event_cls,
+                func=func,
+                mode=mode,
+                takes_context=takes_context,
+                max_attempts=max_attempts if mode is DURABLE else None,
+                eager=eager,
+                site=site,
+                on_failure=on_failure,
+                lease_seconds=float(lease_seconds) if lease_seconds is not None else None,
+                targets=targets,
+                backoff_base_seconds=backoff_base_seconds,
+                backoff_cap_seconds=backoff_cap_seconds,
+                lane=lane,
+                give_up_after=give_up_after,
+                due=due,
+                ttl=ttl,
+                retry=policy,
+                is_async=inspect.iscoroutinefunction(func),
+            )
+        )
+        return func
+
+    return declare
+
+
+def _check_event_class(event_cls: object) -> None:
+    if event_cls is AnyEvent:
+        return
+    if not isinstance(event_cls, type) or registry.event_for_class(event_cls) is None:
+        raise TypeError(
+            f"@receiver({event_cls!r}) needs an @event class or AnyEvent; "
+            "decorate the class with @event first."
+        )
+
+
+def _check_mode(mode: object, given: dict[str, Any]) -> None:
+    if not isinstance(mode, DeliveryMode):
+        raise TypeError(f"@receiver(mode=) must be DURABLE, INLINE or ON_COMMIT, not {mode!r}.")
+    if mode is DURABLE:
+        return
+    for name in _ROW_ARGUMENTS:
+        if given[name] != _ROW_DEFAULTS.get(name):
+            raise ValueError(
+                f"@receiver({name}=...) describes a delivery row, and mode={mode.name} "
+                "writes none. Drop it, or make the receiver DURABLE."
+            )
+
+
+def _positive_seconds(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"@receiver({name}=) must be a positive number of seconds, not {value!r}.")
+
+
+def _positive_timedelta(value: object, name: str) -> None:
+    if not isinstance(value, timedelta):
+        raise TypeError(f"@receiver({name}=) must be a timedelta, not {value!r}.")
+    if value <= timedelta(0):
+        raise ValueError(f"@receiver({name}=) must be a positive timedelta, not {value!r}.")
+
+
+def _check_sync_callable(value: object, name: str) -> None:
+    if not callable(value):
+        raise TypeError(f"@receiver({name}=) must be a callable, not {value!r}.")
+    if inspect.iscoroutinefunction(value):
+        raise TypeError(
+            f"@receiver({name}=) must be a plain (sync) function: it runs inside fire()'s "
+            "transaction, which cannot wait on a coroutine. Make it a def, not an async def."
+        )
+
+
+def _check_row_arguments(given: dict[str, Any]) -> None:
+    max_attempts = given["max_attempts"]
+    if max_attempts is None:
+        if given["ttl"] is None and given["give_up_after"] is None:
+            raise ValueError(
+                "@receiver(max_attempts=None) would let a delivery be owed forever; "
+                "bound it with ttl= or give_up_after=, or give max_attempts a number."
+            )
+    elif isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ValueError(
+            f"@receiver(max_attempts=) must be an int >= 1 or None, not {max_attempts!r}."
+        )
+    if not isinstance(given["eager"], bool):
+        raise TypeError(f"@receiver(eager=) must be True or False, not {given['eager']!r}.")
+    if given["site"] not in ("relay", "task"):
+        raise ValueError(f"@receiver(site=) must be 'relay' or 'task', not {given['site']!r}.")
+    if given["lease_seconds"] is not None:
+        _positive_seconds(given["lease_seconds"], "lease_seconds")
+    if given["targets"] is not None:
+        _check_sync_callable(given["targets"], "targets")
+    _check_retry(given)
+    lane = given["lane"]
+    if not isinstance(lane, str) or not lane.strip() or len(lane) > 64:
+        raise ValueError(
+            f"@receiver(lane=) must be a non-empty string of at most 64 chars, not {lane!r}."
+        )
+    if given["give_up_after"] is not None:
+        _positive_timedelta(given["give_up_after"], "give_up_after")
+    if given["ttl"] is not None:
+        _positive_timedelta(given["ttl"], "ttl")
+    _check_due(given)
+
+
+def _check_retry(given: dict[str, Any]) -> None:
+    base, cap, retry = (
+        given["backoff_base_seconds"],
+        given["backoff_cap_seconds"],
+        given["retry"],
+    )
+    if retry is not None and (base is not None or cap is not None):
+        raise ValueError(
+            "@receiver(retry=) and backoff_base_seconds=/backoff_cap_seconds= both describe "
+            "the wait between attempts; use retry=Exponential(base, cap) alone."
+        )
+    if base is not None:
+        _positive_seconds(base, "backoff_base_seconds")
+    if cap is not None:
+        _positive_seconds(cap, "backoff_cap_seconds")
+    if base is not None and cap is not None and cap < base:
+        raise ValueError(
+            f"@receiver(backoff_cap_seconds={cap!r}) is below backoff_base_seconds={base!r}; "
+            "the cap must be at least the base."
+        )
+    if retry is not None and not callable(getattr(retry, "delay", None)):
+        raise TypeError(
+            f"@receiver(retry=) needs Exponential, Constant, Linear or an object with "
+            f"delay(attempt, error) -> float | None, not {retry!r}."
+        )
+
+
+def _check_due(given: dict[str, Any]) -> None:
+    due = given["due"]
+    if due is None:
+        return
+    if given["eager"]:
+        raise ValueError(
+            "@receiver(due=) with eager=True: an eager attempt runs at commit, and a "
+            "scheduled delivery is not due then. Drop eager=True."
+        )
+    if given["targets"] is not None:
+        raise ValueError(
+            "@receiver(due=) with targets=: a fan-out resolved at fire time would keep that "
+            "recipient set until the row came due. Declare the scheduled receiver without "
+            "targets= and have it fire a follow-up event whose receiver declares targets=."
+        )
+    if isinstance(due, timedelta):
+        if due <= timedelta(0):
+            raise ValueError(
+                f"@receiver(due={due!r}): a delay that is not in the future is no schedule; "
+                "give a positive timedelta."
+            )
+        return
+    if not callable(due):
+        raise TypeError(
+            f"@receiver(due=) takes a timedelta or a callable of the event returning an "
+            f"aware datetime, not {due!r}."
+        )
+    _check_sync_callable(due, "due")
+
+
+def _check_arity(func: Callable[..., Any], takes_context: bool) -> None:
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return
+    params = list(signature.parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    wanted = 2 if takes_context else 1
+    if not (len(required) <= wanted <= len(positional)):
+        shape = "fn(evt, ctx)" if takes_context else "fn(evt)"
+        fix = (
+            "drop takes_context=True or add the ctx parameter"
+            if not takes_context or len(positional) < 2
+            else "take exactly (evt, ctx)"
+        )
+        if not takes_context:
+            fix = "declare takes_context=True" if len(positional) == 2 else "take exactly (evt)"
+        raise TypeError(
+            f"{_dotted(func)} is called as {shape} with takes_context={takes_context}, but "
+            f"its signature is {signature}; {fix}."
+        )

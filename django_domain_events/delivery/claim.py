@@ -1,0 +1,399 @@
+"""Claiming owed rows under a lease, with the event each row delivers.
+
+On PostgreSQL one statement picks the rows (``FOR UPDATE SKIP LOCKED``), stamps the
+lease and returns them joined to their events. MariaDB/MySQL pick with ``SKIP LOCKED``
+and stamp in the same transaction; SQLite, a single writer, stamps with one ``UPDATE``
+over a sub-select. A claimed row's ``available_at`` is its lease expiry, so a row whose
+worker died is claimable again by the same index and condition as any owed row; taking
+it over spends the attempt the dead worker was making.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections, router, transaction
+from django.db.models import Case, F, PositiveIntegerField, Q, Value, When
+
+from .. import clock, conf
+from ..declare import registry
+from ..models import OWED_VALUES, DeliveryRecord, DeliveryStatus, EventRecord
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A row this worker holds, with what it needs to run it and to acknowledge it."""
+
+    id: int
+    event_id: int
+    receiver_key: str
+    target: str
+    attempts: int
+    max_attempts: int | None
+    due_at: datetime
+    expires_at: datetime | None
+    claimed_by: str
+    claimed_at: datetime
+    lease_expires_at: datetime
+    event_name: str
+    event_version: int
+    payload: dict[str, Any]
+    occurred_at: datetime
+    actor_key: str
+    actor_label: str
+    scope: dict[str, Any]
+    correlation_id: str
+
+
+def database_alias() -> str:
+    """The alias every delivery transaction uses: the router's choice for the rows."""
+    return router.db_for_write(DeliveryRecord)
+
+
+def lane_keys(lane: str | None) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+    """``(only, never)`` receiver keys for a claim in ``lane``.
+
+    The default lane also takes rows whose receiver is no longer declared, so they are
+    recorded orphaned rather than owed forever: it claims everything except the keys of
+    other lanes. Read from the declarations at every claim, so moving a receiver to
+    another lane moves its owed rows with it.
+    """
+    if lane is None:
+        return None, ()
+    lanes = registry.lanes()
+    if lane == "default":
+        return None, tuple(k for name, keys in lanes.items() if name != "default" for k in keys)
+    return lanes.get(lane, ()), ()
+
+
+def lane_lease(lane: str | None) -> timedelta:
+    """The lease a claim in ``lane`` stamps: its receivers' common ``lease_seconds``, else
+    ``LEASE_SECONDS``, with 10% headroom and never more than ``LEASE_SECONDS`` x 1.1."""
+    default = conf.get().LEASE_SECONDS
+    only, never = lane_keys(lane)
+    receivers = [
+        r
+        for r in registry.receivers
+        if r.durable and (only is None or r.key in only) and r.key not in never
+    ]
+    declared = {r.lease_seconds or default for r in receivers}
+    seconds = declared.pop() if len(declared) == 1 else default
+    return timedelta(seconds=min(seconds * 1.1, default * 1.1))
+
+
+def claim_batch(
+    *,
+    worker_id: str,
+    now: datetime,
+    lease: timedelta | float,
+    limit: int,
+    lane: str | None = None,
+    exclude_ids: Collection[int] = (),
+    ids: Collection[int] | None = None,
+    ignore_backoff: bool = False,
+) -> list[Claim]:
+    """Claim up to ``limit`` owed rows due at ``now`` for ``worker_id``, oldest first.
+
+    ``lane=None`` claims from every lane; ``ids`` narrows the claim to those rows (a
+    direct ``deliver_one``); ``exclude_ids`` keeps rows out (a pass given a ``now=``);
+    ``ignore_backoff`` also takes failed rows still waiting out their backoff (tests),
+    never a row whose due time has not come.
+    """
+    if limit < 1:
+        return []
+    if not isinstance(lease, timedelta):
+        lease = timedelta(seconds=lease)
+    now = clock.normalize(now)
+    only, never = lane_keys(lane)
+    if only is not None and not only:
+        return []
+    alias = database_alias()
+    connection = connections[alias]
+    args = _ClaimArgs(
+        worker_id,
+        now,
+        now + lease,
+        limit,
+        only,
+        never,
+        tuple(exclude_ids),
+        tuple(ids) if ids is not None else None,
+        ignore_backoff,
+    )
+    if connection.vendor == "postgresql":
+        return _claim_postgresql(alias, args)
+    with transaction.atomic(using=alias):
+        return _claim_portable(alias, args)
+
+
+@dataclass(frozen=True)
+class _ClaimArgs:
+    worker_id: str
+    now: datetime
+    lease_end: datetime
+    limit: int
+    only: tuple[str, ...] | None
+    never: tuple[str, ...]
+    exclude: tuple[int, ...]
+    ids: tuple[int, ...] | None
+    ignore_backoff: bool
+
+
+def _table(model: type[Any]) -> str:
+    return str(model._meta.db_table)
+
+
+_POSTGRESQL_CLAIM = """
+WITH picked AS (
+    SELECT id, available_at AS was_available
+    FROM {delivery}
+    WHERE status IN ('pending', 'failed', 'claimed') AND {due} {filters}
+    ORDER BY available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {delivery} AS d
+    SET status = 'claimed',
+        claimed_by = %(worker)s,
+        claimed_at = %(now)s,
+        lease_expires_at = %(lease_end)s,
+        available_at = %(lease_end)s,
+        attempts = CASE WHEN d.status = 'claimed' THEN d.attempts + 1 ELSE d.attempts END
+    FROM picked
+    WHERE d.id = picked.id
+    RETURNING d.id, d.event_id, d.receiver_key, d.target, d.attempts, d.max_attempts,
+              d.due_at, d.expires_at, picked.was_available
+)
+SELECT c.id, c.event_id, c.receiver_key, c.target, c.attempts, c.max_attempts,
+       c.due_at, c.expires_at, e.name, e.version, e.payload, e.occurred_at,
+       e.actor_key, e.actor_label, e.scope, e.correlation_id
+FROM claimed AS c JOIN {event} AS e ON e.id = c.event_id
+ORDER BY c.was_available, c.id
+"""
+
+
+def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
+    filters = []
+    params: dict[str, Any] = {
+        "now": args.now,
+        "limit": args.limit,
+        "worker": args.worker_id,
+        "lease_end": args.lease_end,
+    }
+    if args.only is not None:
+        filters.append("AND receiver_key = ANY(%(only)s)")
+        params["only"] = list(args.only)
+    if args.never:
+        filters.append("AND NOT (receiver_key = ANY(%(never)s))")
+        params["never"] = list(args.never)
+    if args.exclude:
+        filters.append("AND NOT (id = ANY(%(exclude)s))")
+        params["exclude"] = list(args.exclude)
+    if args.ids is not None:
+        filters.append("AND id = ANY(%(ids)s)")
+        params["ids"] = list(args.ids)
+    connection = connections[alias]
+    sql = _POSTGRESQL_CLAIM.format(
+        delivery=connection.ops.quote_name(_table(DeliveryRecord)),
+        event=connection.ops.quote_name(_table(EventRecord)),
+        filters=" ".join(filters),
+        due="(available_at <= %(now)s OR status = 'failed')"
+        if args.ignore_backoff
+        else "available_at <= %(now)s",
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [
+        Claim(
+            id=row[0],
+            event_id=row[1],
+            receiver_key=row[2],
+            target=row[3],
+            attempts=row[4],
+            max_attempts=row[5],
+            due_at=clock.normalize(row[6]),
+            expires_at=clock.normalize(row[7]) if row[7] is not None else None,
+            claimed_by=args.worker_id,
+            claimed_at=args.now,
+            lease_expires_at=args.lease_end,
+            event_name=row[8],
+            event_version=row[9],
+            payload=_json(row[10]),
+            occurred_at=clock.normalize(row[11]),
+            actor_key=row[12],
+            actor_label=row[13],
+            scope=_json(row[14]),
+            correlation_id=row[15],
+        )
+        for row in rows
+    ]
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _owed_rows(alias: str, args: _ClaimArgs) -> Any:
+    due = Q(available_at__lte=args.now)
+    if args.ignore_backoff:
+        due |= Q(status=DeliveryStatus.FAILED)
+    rows = DeliveryRecord.objects.using(alias).filter(due, status__in=OWED_VALUES)
+    if args.only is not None:
+        rows = rows.filter(receiver_key__in=args.only)
+    if args.never:
+        rows = rows.exclude(receiver_key__in=args.never)
+    if args.exclude:
+        rows = rows.exclude(id__in=args.exclude)
+    if args.ids is not None:
+        rows = rows.filter(id__in=args.ids)
+    return rows.order_by("available_at", "id")
+
+
+def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
+    owed = _owed_rows(alias, args)
+    if connections[alias].features.has_select_for_update_skip_locked:
+        owed = owed.select_for_update(skip_locked=True)
+    picked = tuple(owed.values_list("id", flat=True)[: args.limit])
+    if not picked:
+        return []
+    # The owed condition again: on SQLite a second process may have claimed in between.
+    _owed_rows(alias, replace(args, ids=picked)).update(
+        status=DeliveryStatus.CLAIMED,
+        claimed_by=args.worker_id,
+        claimed_at=args.now,
+        lease_expires_at=args.lease_end,
+        available_at=args.lease_end,
+        attempts=Case(
+            When(status=DeliveryStatus.CLAIMED, then=F("attempts") + 1),
+            default=F("attempts"),
+            output_field=PositiveIntegerField(),
+        ),
+    )
+    return _held(alias, replace(args, ids=picked))
+
+
+def _held(alias: str, args: _ClaimArgs) -> list[Claim]:
+    held = Q(status=DeliveryStatus.CLAIMED, claimed_by=args.worker_id, claimed_at=args.now)
+    if args.ids is not None:
+        held &= Q(id__in=args.ids)
+    rows = (
+        DeliveryRecord.objects.using(alias)
+        .filter(held)
+        .select_related("event")
+        .order_by("id")[: args.limit]
+    )
+    return [
+        Claim(
+            id=row.id,
+            event_id=row.event_id,
+            receiver_key=row.receiver_key,
+            target=row.target,
+            attempts=row.attempts,
+            max_attempts=row.max_attempts,
+            due_at=row.due_at,
+            expires_at=row.expires_at,
+            claimed_by=args.worker_id,
+            claimed_at=args.now,
+            lease_expires_at=args.lease_end,
+            event_name=row.event.name,
+            event_version=row.event.version,
+            payload=row.event.payload,
+            occurred_at=row.event.occurred_at,
+            actor_key=row.event.actor_key,
+            actor_label=row.event.actor_label,
+            scope=row.event.scope,
+            correlation_id=row.event.correlation_id,
+        )
+        for row in rows
+    ]
+
+
+def release(claims: Sequence[Claim], *, now: datetime | None = None) -> int:
+    """Hand rows back unstarted: owed again at once, no attempt spent.
+
+    A compare-and-set on each claim, so a row another worker has taken since is left alone.
+    """
+    if not claims:
+        return 0
+    alias = database_alias()
+    released = 0
+    moment = clock.normalize(now) if now is not None else clock.now()
+    with transaction.atomic(using=alias):
+        for claim in claims:
+            released += (
+                DeliveryRecord.objects.using(alias)
+                .filter(
+                    id=claim.id,
+                    status=DeliveryStatus.CLAIMED,
+                    claimed_by=claim.claimed_by,
+                    claimed_at=claim.claimed_at,
+                )
+                .update(
+                    status=Case(
+                        When(attempts=0, then=Value(DeliveryStatus.PENDING.value)),
+                        default=Value(DeliveryStatus.FAILED.value),
+                    ),
+                    available_at=moment,
+                    lease_expires_at=None,
+                )
+            )
+    return released
+
+
+def take_over(
+    delivery_id: int,
+    *,
+    claimed_by: str,
+    claimed_at: datetime,
+    worker_id: str,
+    now: datetime,
+    lease: timedelta,
+) -> Claim | None:
+    """Take a row handed to a task worker, under exactly the claim it was handed with.
+
+    Committed before the receiver runs, so a duplicate or late message for the same
+    claim finds it gone. None when the claim no longer holds the row.
+    """
+    alias = database_alias()
+    with transaction.atomic(using=alias):
+        taken = (
+            DeliveryRecord.objects.using(alias)
+            .filter(
+                id=delivery_id,
+                status=DeliveryStatus.CLAIMED,
+                claimed_by=claimed_by,
+                claimed_at=clock.normalize(claimed_at),
+            )
+            .update(
+                claimed_by=worker_id,
+                claimed_at=now,
+                lease_expires_at=now + lease,
+                available_at=now + lease,
+            )
+        )
+    if not taken:
+        return None
+    args = _ClaimArgs(worker_id, now, now + lease, 1, None, (), (), (delivery_id,), False)
+    return next(iter(_held(alias, args)), None)
+
+
+def release_held(worker_id: str) -> int:
+    """Hand back every row ``worker_id`` holds: after an outage it finished none of them."""
+    alias = database_alias()
+    return (
+        DeliveryRecord.objects.using(alias)
+        .filter(status=DeliveryStatus.CLAIMED, claimed_by=worker_id)
+        .update(
+            status=Case(
+                When(attempts=0, then=Value(DeliveryStatus.PENDING.value)),
+                default=Value(DeliveryStatus.FAILED.value),
+            ),
+            available_at=clock.now(),
+            lease_expires_at=None,
+        )
+    )

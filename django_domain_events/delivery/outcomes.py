@@ -1,0 +1,246 @@
+"""What a receiver can say about an attempt, and what the row becomes because of it.
+
+``decide()`` is the single place where an exception raised by a receiver is turned into
+the row's next status and time; ``run.py`` writes what it decides.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .. import clock, conf
+from ..declare import RegisteredReceiver
+from ..models import DeliveryStatus
+from ..retry import Exponential, RetryPolicy
+
+
+class PermanentFailure(Exception):
+    """Raise from a receiver when retrying cannot help: the row is dead on this attempt."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RetryAfter(Exception):
+    """Raise when the destination asked to come back later.
+
+    Spends an attempt unless ``counts=False``; with ``counts=False`` (and a declared
+    ``give_up_after``) the attempt is not spent, the wait is jittered up to twice
+    ``seconds``, and the receiver's lane is paused in this relay for ``seconds``.
+    """
+
+    def __init__(self, seconds: float, reason: str = "", counts: bool = True) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise ValueError(f"RetryAfter(seconds=) must be a number >= 0, not {seconds!r}.")
+        super().__init__(reason or f"retry after {seconds}s")
+        self.seconds = float(seconds)
+        self.reason = reason
+        self.counts = bool(counts)
+
+
+class NotYet(Exception):  # noqa: N818 - the name is the public contract
+    """Raise when the work itself is not due until ``until``: the row waits, spending nothing.
+
+    ``until`` must be in the future and aware (naive local time under ``USE_TZ = False``);
+    both are checked here, so a bad one is an ordinary failure with this message.
+    """
+
+    def __init__(self, until: datetime, reason: str = "") -> None:
+        until = clock.accept(until, what="NotYet(until=)")
+        if until <= clock.now():
+            raise ValueError(
+                f"NotYet(until={until.isoformat()}) is not in the future: a row rescheduled "
+                "to a time already come would be claimed straight back. Proceed with the "
+                "work instead."
+            )
+        super().__init__(reason or f"not until {until.isoformat()}")
+        self.until = until
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class DeliveryContext:
+    """What a receiver may know about the delivery it is running in."""
+
+    event_id: int
+    event_name: str
+    attempt: int
+    actor_key: str
+    actor_label: str
+    scope: dict[str, Any]
+    target: str
+    delivery_id: int | None
+    due_at: datetime | None
+    receiver_key: str
+    occurred_at: datetime | None = None
+    correlation_id: str = ""
+
+
+@dataclass(frozen=True)
+class DeliveryFailure:
+    """Handed to a receiver's ``on_failure`` once a failed or dead attempt is recorded."""
+
+    delivery_id: int
+    event_id: int
+    event_name: str
+    receiver_key: str
+    target: str
+    attempt: int
+    status: DeliveryStatus
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The row's next state after an attempt that did not succeed."""
+
+    status: DeliveryStatus
+    spent: bool  # does this attempt count against max_attempts?
+    available_at: datetime | None = None
+    due_at: datetime | None = None
+    expires_at: datetime | None = None
+    last_error: str = ""
+    pause_seconds: float = 0.0
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def tells_on_failure(self) -> bool:
+        return self.status in (DeliveryStatus.FAILED, DeliveryStatus.DEAD)
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: message``, as ``last_error`` stores it."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def retry_policy(receiver: RegisteredReceiver) -> RetryPolicy:
+    """The receiver's policy, read live: ``retry=``, its backoff knobs, or the settings."""
+    if receiver.retry is not None:
+        return receiver.retry
+    settings = conf.get()
+    base = receiver.backoff_base_seconds or settings.BACKOFF_BASE_SECONDS
+    cap = receiver.backoff_cap_seconds or settings.BACKOFF_CAP_SECONDS
+    return Exponential(base, max(cap, base))
+
+
+def _policy_name(policy: RetryPolicy) -> str:
+    return type(policy).__name__
+
+
+def decide(
+    receiver: RegisteredReceiver,
+    error: Exception,
+    *,
+    attempt: int,
+    max_attempts: int | None,
+    due_at: datetime,
+    now: datetime,
+) -> Outcome:
+    """The row's fate after ``error`` ended attempt number ``attempt`` at ``now``."""
+    if isinstance(error, NotYet):
+        return Outcome(
+            status=DeliveryStatus.PENDING,
+            spent=False,
+            available_at=error.until,
+            due_at=error.until,
+            expires_at=receiver_lifetime_end(receiver, error.until),
+        )
+    message = describe_error(error)
+    if isinstance(error, PermanentFailure):
+        return Outcome(DeliveryStatus.DEAD, spent=True, last_error=message)
+    if isinstance(error, RetryAfter) and not error.counts:
+        return _deferral(receiver, error, attempt=attempt, due_at=due_at, now=now)
+    warnings: tuple[str, ...] = ()
+    if isinstance(error, RetryAfter):
+        delay, warnings = _capped(error.seconds, receiver)
+    else:
+        policy = retry_policy(receiver)
+        wanted = policy.delay(attempt, error)
+        if wanted is None:
+            return Outcome(
+                DeliveryStatus.DEAD,
+                spent=True,
+                last_error=f"{message} (retry policy {_policy_name(policy)} gave up)",
+            )
+        delay = float(wanted)
+    if max_attempts is not None and attempt >= max_attempts:
+        return Outcome(DeliveryStatus.DEAD, spent=True, last_error=message, warnings=warnings)
+    return Outcome(
+        DeliveryStatus.FAILED,
+        spent=True,
+        available_at=now + timedelta(seconds=max(delay, 0.0)),
+        last_error=message,
+        warnings=warnings,
+    )
+
+
+def _capped(seconds: float, receiver: RegisteredReceiver) -> tuple[float, tuple[str, ...]]:
+    cap = conf.get().MAX_RECEIVER_RETRY_DELAY_SECONDS
+    if seconds <= cap:
+        return seconds, ()
+    return cap, (
+        f"{receiver.key} asked to retry after {seconds:g}s, more than "
+        f"MAX_RECEIVER_RETRY_DELAY_SECONDS ({cap:g}s); waiting {cap:g}s instead.",
+    )
+
+
+_uncounted_warned: set[str] = set()
+
+
+def _deferral(
+    receiver: RegisteredReceiver,
+    error: RetryAfter,
+    *,
+    attempt: int,
+    due_at: datetime,
+    now: datetime,
+) -> Outcome:
+    """``RetryAfter(counts=False)``: unspent, jittered upward, bounded by ``give_up_after``."""
+    message = describe_error(error)
+    if receiver.give_up_after is None:
+        warnings: tuple[str, ...] = ()
+        if receiver.key not in _uncounted_warned:
+            _uncounted_warned.add(receiver.key)
+            warnings = (
+                f"{receiver.key} raised RetryAfter(counts=False) without give_up_after=; "
+                "it is counted as an attempt so the delivery still ends. Declare "
+                "give_up_after= to defer without spending attempts.",
+            )
+        counted = RetryAfter(error.seconds, error.reason, counts=True)
+        outcome = decide(
+            receiver, counted, attempt=attempt, max_attempts=None, due_at=due_at, now=now
+        )
+        return Outcome(**{**outcome.__dict__, "warnings": warnings + outcome.warnings})
+    if now - due_at >= receiver.give_up_after:
+        return Outcome(
+            DeliveryStatus.DEAD,
+            spent=False,
+            last_error=f"{message} (gave up: owed longer than give_up_after="
+            f"{receiver.give_up_after})",
+        )
+    seconds, warnings = _capped(error.seconds, receiver)
+    wait = seconds * (1.0 + random.random())
+    return Outcome(
+        DeliveryStatus.FAILED,
+        spent=False,
+        available_at=now + timedelta(seconds=wait),
+        last_error=message,
+        pause_seconds=seconds,
+        warnings=warnings,
+    )
+
+
+def receiver_lifetime_end(receiver: RegisteredReceiver | None, due_at: datetime) -> datetime | None:
+    """``due_at + ttl`` (the receiver's, else ``MESSAGE_TTL_SECONDS``), or None."""
+    ttl = receiver.ttl if receiver is not None else None
+    if ttl is None:
+        seconds = conf.get().MESSAGE_TTL_SECONDS
+        if seconds is None:
+            return None
+        ttl = timedelta(seconds=seconds)
+    return due_at + ttl

@@ -1,0 +1,413 @@
+"""Passes over the owed rows: ``deliver_one``, ``deliver_pending`` and the relay loop.
+
+A pass visits each lane in sorted order, claims one batch there just before running
+it, and runs the batch row by row (``run.attempt``). ``run_relay`` repeats passes,
+waiting between them on LISTEN/NOTIFY or the poll, for as long as it is let.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, connections
+
+from .. import clock, conf
+from ..declare import registry
+from ..models import DeliveryStatus
+from .claim import (
+    Claim,
+    claim_batch,
+    database_alias,
+    lane_lease,
+    release,
+    release_held,
+    take_over,
+)
+from .run import attempt
+from .run import logger as delivery_logger
+from .tasks import TaskBackendMissing, hand_off
+from .wake import Listener, wakes_by_notify
+
+logger = logging.getLogger("django_domain_events.relay")
+
+Counts = dict[DeliveryStatus, int]
+
+
+def default_worker_id() -> str:
+    """``host:pid``, unique among the relays of a deployment."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def empty_counts() -> Counts:
+    return {status: 0 for status in DeliveryStatus}
+
+
+def _parse_claimed_at(value: datetime | str) -> datetime:
+    if isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"claimed_at must be the ISO 8601 string the relay enqueued, not {value!r}."
+        ) from None
+
+
+def deliver_one(
+    delivery_id: int,
+    *,
+    worker_id: str | None = None,
+    claimed_by: str | None = None,
+    claimed_at: datetime | str | None = None,
+) -> DeliveryStatus | None:
+    """Run one owed row now; None for a row that is not owed or not yet due.
+
+    With ``claimed_by`` and ``claimed_at`` (a task worker), the row is first taken under
+    exactly that claim; a duplicate or stale message runs nothing. Returns ``PENDING``
+    when the receiver answered ``NotYet``.
+    """
+    if (claimed_by is None) != (claimed_at is None):
+        raise TypeError("deliver_one() takes claimed_by and claimed_at together, or neither.")
+    worker = worker_id or default_worker_id()
+    now = clock.now()
+    if claimed_by is not None and claimed_at is not None:
+        claim = take_over(
+            delivery_id,
+            claimed_by=claimed_by,
+            claimed_at=_parse_claimed_at(claimed_at),
+            worker_id=worker,
+            now=now,
+            lease=lane_lease(None),
+        )
+        if claim is None:
+            delivery_logger.info(
+                "Delivery %s: the claim %s at %s no longer holds the row (a duplicate, late "
+                "or stale message); nothing run.",
+                delivery_id,
+                claimed_by,
+                claimed_at,
+            )
+            return None
+    else:
+        claims = claim_batch(
+            worker_id=worker, now=now, lease=lane_lease(None), limit=1, ids=[delivery_id]
+        )
+        if not claims:
+            return None
+        claim = claims[0]
+    status, _ = attempt(claim, now=now)
+    return status
+
+
+@dataclass
+class _Pass:
+    """What one call of ``deliver_pending`` (or one relay) keeps between batches."""
+
+    worker_id: str
+    now: datetime | None
+    ignore_backoff: bool
+    counts: Counts = field(default_factory=empty_counts)
+    excluded: set[int] = field(default_factory=set)
+    paused_until: dict[str, float] = field(default_factory=dict)  # lane -> monotonic
+    stop: Callable[[], bool] = lambda: False
+    claimed: int = 0
+
+    def lane_paused(self, lane: str) -> bool:
+        until = self.paused_until.get(lane)
+        if until is None:
+            return False
+        if self.now is None and time.monotonic() >= until:
+            del self.paused_until[lane]
+            return False
+        return True
+
+
+def _batch_size(lane: str, batch_size: int | None, lane_batch_sizes: Mapping[str, int]) -> int:
+    return lane_batch_sizes.get(lane) or batch_size or conf.get().BATCH_SIZE
+
+
+def check_sizes(batch_size: int | None, lane_batch_sizes: Mapping[str, int] | None) -> None:
+    """Refuse a batch size below one, naming it."""
+    for name, size in [("batch_size", batch_size), *(lane_batch_sizes or {}).items()]:
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"batch size for {name!r} must be a whole number >= 1, not {size!r}.")
+
+
+def deliver_pending(
+    limit: int | None = None,
+    *,
+    worker_id: str = "deliver_pending",
+    ignore_backoff: bool = False,
+    lane: str | None = None,
+    batch_size: int | None = None,
+    lane_batch_sizes: Mapping[str, int] | None = None,
+    now: datetime | None = None,
+) -> Counts:
+    """Claim and deliver until nothing is claimable (or ``limit`` rows), every lane in turn.
+
+    ``now`` is the moment every claim of the call is made at; receivers still run on the
+    real clock. Returns the count of each outcome recorded; a task hand-off is not counted.
+    """
+    check_sizes(batch_size, lane_batch_sizes)
+    if limit is not None and limit < 0:
+        raise ValueError(f"deliver_pending(limit=) must be >= 0 or None, not {limit!r}.")
+    state = _Pass(worker_id, clock.normalize(now) if now is not None else None, ignore_backoff)
+    lanes = [lane] if lane is not None else list(registry.lanes())
+    while limit is None or state.claimed < limit:
+        before = state.claimed
+        for name in lanes:
+            room = None if limit is None else limit - state.claimed
+            if room == 0:
+                break
+            run_lane_batch(state, name, _batch_size(name, batch_size, lane_batch_sizes or {}), room)
+        if state.claimed == before:
+            break
+    return state.counts
+
+
+def run_lane_batch(state: _Pass, lane: str, size: int, room: int | None = None) -> int:
+    """Claim one batch in ``lane`` and run it; returns how many rows were claimed."""
+    if state.lane_paused(lane):
+        return 0
+    now = state.now if state.now is not None else clock.now()
+    claims = claim_batch(
+        worker_id=state.worker_id,
+        now=now,
+        lease=lane_lease(lane),
+        limit=size if room is None else min(size, room),
+        lane=lane,
+        exclude_ids=state.excluded,
+        ignore_backoff=state.ignore_backoff,
+    )
+    state.claimed += len(claims)
+    run_batch(state, lane, claims, now)
+    return len(claims)
+
+
+def run_batch(state: _Pass, lane: str, claims: Sequence[Claim], now: datetime) -> None:
+    """Run a claimed batch in order; hand back the unstarted rest on a pause or a stop."""
+    decoded: dict[int, Any] = {}
+    for index, claim in enumerate(claims):
+        if state.stop():
+            release(claims[index:])
+            return
+        receiver = registry.receiver(claim.receiver_key)
+        is_task = receiver is not None and receiver.durable and receiver.site == "task"
+        if is_task and _hand_off(state, claim, now):
+            continue
+        status, outcome = attempt(claim, now=now, decoded=decoded)
+        if status is not None:
+            state.counts[status] += 1
+        if status is DeliveryStatus.PENDING and state.now is not None:
+            state.excluded.add(claim.id)
+        if outcome is not None and outcome.pause_seconds > 0:
+            state.paused_until[lane] = time.monotonic() + outcome.pause_seconds
+            release(claims[index + 1 :])
+            return
+
+
+def _hand_off(state: _Pass, claim: Claim, now: datetime) -> bool:
+    """Queue a ``site="task"`` row; False when there is no backend (the row then fails)."""
+    try:
+        hand_off(claim)
+    except TaskBackendMissing:
+        return False
+    if state.now is not None:
+        state.excluded.add(claim.id)
+    return True
+
+
+# The long-running loop --------------------------------------------------------
+
+
+class _Signals:
+    """SIGTERM/SIGINT: the first finishes the delivery in hand, the second exits at once."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return True
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:
+            os._exit(128 + signum)
+        self.received = signum
+        logger.info("Signal %s: finishing the delivery in hand, then stopping.", signum)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+def check_lanes(lanes: Iterable[str]) -> list[str]:
+    """The lanes, sorted; refuses one that no receiver declares."""
+    declared = registry.lanes()
+    chosen = sorted(set(lanes))
+    for lane in chosen:
+        if lane not in declared:
+            raise ValueError(
+                f"No receiver declares lane {lane!r}; declared lanes are "
+                f"{', '.join(sorted(declared))}. Check the spelling, or declare "
+                f"@receiver(..., lane={lane!r})."
+            )
+    return chosen
+
+
+def run_relay(
+    *,
+    worker_id: str | None = None,
+    passes: int | None = None,
+    stop: Callable[[], bool] | threading.Event | None = None,
+    lane: str | Sequence[str] = "default",
+    batch_size: int | None = None,
+    lane_batch_sizes: Mapping[str, int] | None = None,
+    limit: int | None = None,
+    prune: Callable[[], object] | None = None,
+) -> Counts:
+    """Deliver owed rows until stopped: the loop behind ``manage.py deliver_events``.
+
+    Waits on LISTEN/NOTIFY where available with ``POLL_SECONDS`` as the floor; survives
+    the database going away; on SIGTERM/SIGINT hands back the unstarted rest of its batch
+    and returns.
+    """
+    lanes = check_lanes([lane] if isinstance(lane, str) else lane)
+    check_sizes(batch_size, lane_batch_sizes)
+    for name in lane_batch_sizes or {}:
+        if name not in lanes:
+            raise ValueError(f"lane {name!r} has a batch size but this relay does not serve it.")
+    signals = _Signals()
+    on_main_thread = signals.install()
+    if not on_main_thread and passes is None:
+        logger.info("Relay started off the main thread: signals are not handled here.")
+    stop_event = stop if isinstance(stop, threading.Event) else None
+
+    def stopping() -> bool:
+        if signals.received is not None:
+            return True
+        if stop_event is not None:
+            return stop_event.is_set()
+        return bool(stop()) if callable(stop) else False
+
+    state = _Pass(worker_id or default_worker_id(), None, False, stop=stopping)
+    try:
+        return _loop(state, lanes, passes, batch_size, lane_batch_sizes or {}, limit, prune)
+    finally:
+        if on_main_thread:
+            signals.restore()
+
+
+def _loop(
+    state: _Pass,
+    lanes: list[str],
+    passes: int | None,
+    batch_size: int | None,
+    lane_batch_sizes: Mapping[str, int],
+    limit: int | None,
+    prune: Callable[[], object] | None,
+) -> Counts:
+    settings = conf.get()
+    alias = database_alias()
+    listener = Listener(alias) if wakes_by_notify(alias) else None
+    outage_pause = settings.POLL_SECONDS
+    last_prune = float("-inf")
+    done = 0
+    try:
+        while not state.stop() and (passes is None or done < passes):
+            if limit is not None and state.claimed >= limit:
+                break
+            try:
+                claimed = 0
+                for name in lanes:
+                    if state.stop():
+                        break
+                    room = None if limit is None else limit - state.claimed
+                    if room == 0:
+                        break
+                    size = _batch_size(name, batch_size, lane_batch_sizes)
+                    claimed += run_lane_batch(state, name, size, room)
+                outage_pause = settings.POLL_SECONDS
+            except (DatabaseError, InterfaceError) as error:
+                logger.warning(
+                    "Relay %s lost the database (%s); retrying in %.1fs.",
+                    state.worker_id,
+                    error,
+                    outage_pause,
+                )
+                _close(alias, listener)
+                time.sleep(outage_pause)
+                outage_pause = min(outage_pause * 2, 2.0)
+                _release_held(state.worker_id)
+                continue
+            done += 1
+            if claimed or state.stop() or (passes is not None and done >= passes):
+                continue
+            prune_due = time.monotonic() - last_prune >= settings.RELAY_PRUNE_SECONDS
+            if prune is not None and settings.RELAY_PRUNE and prune_due:
+                last_prune = time.monotonic()
+                _idle_prune(prune)
+            _wait(listener, settings.POLL_SECONDS, state)
+    finally:
+        _close(alias, listener)
+    return state.counts
+
+
+def _idle_prune(prune: Callable[[], object]) -> None:
+    try:
+        prune()
+    except Exception:
+        logger.exception("The relay's idle prune failed; it will try again later.")
+
+
+def _wait(listener: Listener | None, poll: float, state: _Pass) -> None:
+    """Sleep until woken, the poll interval passes, a pause ends, or a stop arrives."""
+    timeout = poll
+    if state.paused_until:
+        timeout = max(0.0, min(timeout, min(state.paused_until.values()) - time.monotonic()))
+    deadline = time.monotonic() + timeout
+    while not state.stop():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        step = min(left, 0.25)
+        if listener is not None:
+            try:
+                if listener.wait(step):
+                    return
+            except Exception:
+                listener.close()
+                time.sleep(step)
+        else:
+            time.sleep(step)
+
+
+def _close(alias: str, listener: Listener | None) -> None:
+    if listener is not None:
+        listener.close()
+    with contextlib.suppress(Exception):
+        connections[alias].close()
+
+
+def _release_held(worker_id: str) -> None:
+    """After an outage, hand back the rows this relay still holds, so they run at once."""
+    try:
+        count = release_held(worker_id)
+    except (DatabaseError, InterfaceError):
+        return
+    if count:
+        logger.info("Relay %s released %s rows it held before the outage.", worker_id, count)

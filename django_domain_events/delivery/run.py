@@ -1,0 +1,348 @@
+"""One attempt at one claimed row, and the write that records how it ended.
+
+A success commits the receiver's own writes and the acknowledgement together: for a
+receiver that touches only this database, delivery is effectively once. Every write
+here is a compare-and-set on the claim (``claimed_by``, ``claimed_at``), so a worker
+whose lease lapsed cannot overwrite the row's new owner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.db import connections, transaction
+from django.utils.module_loading import import_string
+
+from .. import clock, conf
+from ..codec import PayloadDecodeError, PayloadUpgradeFailed, decode_event, get_codec
+from ..declare import RegisteredReceiver, registry
+from ..models import DeliveryRecord, DeliveryStatus
+from ..scope import caused_by
+from .claim import Claim, database_alias
+from .outcomes import (
+    DeliveryContext,
+    DeliveryFailure,
+    Outcome,
+    decide,
+    describe_error,
+)
+
+logger = logging.getLogger("django_domain_events.delivery")
+
+
+class _LeaseLost(Exception):
+    """The acknowledgement found the row claimed by someone else: roll the attempt back."""
+
+
+def call_receiver(receiver: RegisteredReceiver, evt: Any, ctx: DeliveryContext) -> None:
+    """Call the receiver as declared, running an ``async def`` to completion."""
+    func: Callable[..., Any] = receiver.func
+    if receiver.is_async:
+        func = async_to_sync(func)
+    if receiver.takes_context:
+        func(evt, ctx)
+    else:
+        func(evt)
+
+
+def call_hook(hook: Callable[..., Any], *args: Any) -> None:
+    """Call an ``on_failure`` hook, sync or async; its exceptions are logged and swallowed."""
+    try:
+        result = async_to_sync(hook)(*args) if _is_async(hook) else hook(*args)
+        del result
+    except Exception:
+        logger.exception("on_failure hook %r raised; ignored.", hook)
+
+
+def _is_async(func: Callable[..., Any]) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(func)
+
+
+@contextlib.contextmanager
+def around_delivery(ctx: DeliveryContext) -> Iterator[None]:
+    """Enter ``AROUND_DELIVERY(ctx)`` when configured; raising on entry fails the attempt."""
+    path = conf.get().AROUND_DELIVERY
+    if path is None:
+        yield
+        return
+    with import_string(path)(ctx):
+        yield
+
+
+def _adapt(alias: str, value: datetime | None) -> Any:
+    if value is None:
+        return None
+    return connections[alias].ops.adapt_datetimefield_value(value)
+
+
+def _update_claimed(alias: str, claim: Claim, assignments: dict[str, Any]) -> bool:
+    """One ``UPDATE`` of the row, only while this claim still holds it."""
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    columns = []
+    params: list[Any] = []
+    for column, value in assignments.items():
+        if column == "attempts":
+            columns.append(f"{quote('attempts')} = {quote('attempts')} + %s")
+        else:
+            columns.append(f"{quote(column)} = %s")
+        params.append(_adapt(alias, value) if isinstance(value, datetime) else value)
+    sql = (
+        f"UPDATE {quote(DeliveryRecord._meta.db_table)} SET {', '.join(columns)} "
+        f"WHERE {quote('id')} = %s AND {quote('status')} = %s "
+        f"AND {quote('claimed_by')} = %s AND {quote('claimed_at')} = %s"
+    )
+    params += [
+        claim.id,
+        DeliveryStatus.CLAIMED.value,
+        claim.claimed_by,
+        _adapt(alias, claim.claimed_at),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return bool(cursor.rowcount)
+
+
+def context_for(claim: Claim) -> DeliveryContext:
+    return DeliveryContext(
+        event_id=claim.event_id,
+        event_name=claim.event_name,
+        attempt=claim.attempts + 1,
+        actor_key=claim.actor_key,
+        actor_label=claim.actor_label,
+        scope=claim.scope,
+        target=claim.target,
+        delivery_id=claim.id,
+        due_at=claim.due_at,
+        receiver_key=claim.receiver_key,
+        occurred_at=claim.occurred_at,
+        correlation_id=claim.correlation_id,
+    )
+
+
+def attempt(
+    claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = None
+) -> tuple[DeliveryStatus | None, Outcome | None]:
+    """Run ``claim``'s receiver once and record the outcome.
+
+    ``now`` is the claim's clock (a test's ``now=``, or the real one); time written
+    for the next attempt is measured from the later of it and the real clock. Returns
+    the recorded status (None when the lease was lost) and, for an attempt that did not
+    succeed, the outcome, so the relay can honour a pause.
+    """
+    alias = database_alias()
+    receiver = registry.receiver(claim.receiver_key)
+    if receiver is None or not receiver.durable:
+        return _settle_unrun(
+            alias,
+            claim,
+            DeliveryStatus.ORPHANED,
+            f"receiver {claim.receiver_key!r} is no longer registered as a durable receiver; "
+            "restore it and replay the event, or leave the row as a record.",
+            receiver=None,
+        )
+    if claim.expires_at is not None and now >= claim.expires_at:
+        return _settle_unrun(
+            alias,
+            claim,
+            DeliveryStatus.DEAD,
+            f"expired: owed past the end of its lifetime at {claim.expires_at.isoformat()} "
+            f"(ttl={receiver.ttl or timedelta(seconds=conf.get().MESSAGE_TTL_SECONDS or 0)}); "
+            "it never ran after that.",
+            receiver=receiver,
+        )
+    if claim.max_attempts is not None and claim.attempts >= claim.max_attempts:
+        return _settle_unrun(
+            alias,
+            claim,
+            DeliveryStatus.DEAD,
+            f"lease lapsed on every one of {claim.attempts} attempts: the worker died or "
+            "outlived its lease. Raise lease_seconds= or find what kills the worker.",
+            receiver=receiver,
+        )
+    try:
+        evt = _decode(claim, decoded)
+    except (LookupError, PayloadDecodeError, PayloadUpgradeFailed) as error:
+        return _settle_unrun(alias, claim, DeliveryStatus.DEAD, describe_error(error), receiver)
+    ctx = context_for(claim)
+    claim = _extend_lease(alias, claim, receiver)
+    try:
+        with transaction.atomic(using=alias):
+            with around_delivery(ctx), caused_by(claim.event_id, claim.correlation_id):
+                call_receiver(receiver, evt, ctx)
+            done = clock.now()
+            acknowledged = _update_claimed(
+                alias,
+                claim,
+                {
+                    "status": DeliveryStatus.SUCCEEDED.value,
+                    "attempts": 1,
+                    "completed_at": done,
+                    "succeeded_at": done,
+                    "lease_expires_at": None,
+                    "last_error": "",
+                },
+            )
+            if not acknowledged:
+                raise _LeaseLost
+    except _LeaseLost:
+        _warn_lease_lost(claim, receiver)
+        return None, None
+    except Exception as error:
+        return _record_failure(alias, claim, receiver, error, now=now)
+    return DeliveryStatus.SUCCEEDED, None
+
+
+def _decode(claim: Claim, decoded: dict[int, Any] | None) -> Any:
+    if decoded is not None and claim.event_id in decoded:
+        return decoded[claim.event_id]
+    registered = registry.event_named(claim.event_name)
+    if registered is None:
+        raise LookupError(
+            f"event name {claim.event_name!r} is no longer registered; declare it again "
+            "(@event(name=...)) and replay, or leave the row as a record."
+        )
+    evt = decode_event(
+        get_codec(),
+        registered.event_class,
+        claim.payload,
+        stored_version=claim.event_version,
+        current_version=registered.version,
+        upgrade=registered.upgrade,
+    )
+    if decoded is not None:
+        decoded[claim.event_id] = evt
+    return evt
+
+
+def _extend_lease(alias: str, claim: Claim, receiver: RegisteredReceiver) -> Claim:
+    """Stretch the lease before running a receiver that declared a longer one."""
+    needed = timedelta(seconds=(receiver.lease_seconds or conf.get().LEASE_SECONDS) * 1.1)
+    if claim.lease_expires_at - claim.claimed_at >= needed:
+        return claim
+    until = claim.claimed_at + needed
+    _update_claimed(alias, claim, {"lease_expires_at": until, "available_at": until})
+    return claim
+
+
+def _settle_unrun(
+    alias: str,
+    claim: Claim,
+    status: DeliveryStatus,
+    reason: str,
+    receiver: RegisteredReceiver | None,
+) -> tuple[DeliveryStatus | None, Outcome | None]:
+    """Settle a row without running its receiver (orphaned, expired, undecodable)."""
+    outcome = Outcome(status=status, spent=False, last_error=reason)
+    written = _update_claimed(
+        alias,
+        claim,
+        {
+            "status": status.value,
+            "last_error": reason,
+            "completed_at": clock.now(),
+            "lease_expires_at": None,
+        },
+    )
+    if not written:
+        _warn_lease_lost(claim, receiver)
+        return None, None
+    _log_failure(claim, status, reason)
+    if status is DeliveryStatus.DEAD and receiver is not None and receiver.on_failure:
+        call_hook(receiver.on_failure, _failure(claim, status, RuntimeError(reason)))
+    return status, outcome
+
+
+def _record_failure(
+    alias: str,
+    claim: Claim,
+    receiver: RegisteredReceiver,
+    error: Exception,
+    *,
+    now: datetime,
+) -> tuple[DeliveryStatus | None, Outcome | None]:
+    moment = max(now, clock.now())
+    outcome = decide(
+        receiver,
+        error,
+        attempt=claim.attempts + 1,
+        max_attempts=claim.max_attempts,
+        due_at=claim.due_at,
+        now=moment,
+    )
+    for message in outcome.warnings:
+        logger.warning(message)
+    assignments: dict[str, Any] = {"status": outcome.status.value, "lease_expires_at": None}
+    if outcome.spent:
+        assignments["attempts"] = 1
+    if outcome.status is DeliveryStatus.PENDING:  # NotYet: the work moved later
+        assignments.update(
+            available_at=outcome.available_at,
+            due_at=outcome.due_at,
+            expires_at=outcome.expires_at,
+        )
+    else:
+        assignments["last_error"] = outcome.last_error
+        if outcome.status is DeliveryStatus.DEAD:
+            assignments["completed_at"] = clock.now()
+        else:
+            assignments["available_at"] = outcome.available_at
+    with transaction.atomic(using=alias):
+        written = _update_claimed(alias, claim, assignments)
+    if not written:
+        _warn_lease_lost(claim, receiver)
+        return None, None
+    if outcome.tells_on_failure:
+        _log_failure(claim, outcome.status, outcome.last_error, error)
+        if receiver.on_failure is not None:
+            call_hook(receiver.on_failure, _failure(claim, outcome.status, error))
+    return outcome.status, outcome
+
+
+def _failure(claim: Claim, status: DeliveryStatus, error: BaseException) -> DeliveryFailure:
+    return DeliveryFailure(
+        delivery_id=claim.id,
+        event_id=claim.event_id,
+        event_name=claim.event_name,
+        receiver_key=claim.receiver_key,
+        target=claim.target,
+        attempt=claim.attempts + 1,
+        status=status,
+        error=error,
+    )
+
+
+def _log_failure(
+    claim: Claim, status: DeliveryStatus, reason: str, error: BaseException | None = None
+) -> None:
+    logger.warning(
+        "Delivery %s of %s #%s to %s failed on attempt %s with %s; now %s: %s",
+        claim.id,
+        claim.event_name,
+        claim.event_id,
+        claim.receiver_key,
+        claim.attempts + 1,
+        type(error).__name__ if error is not None else "no run",
+        status.value,
+        reason,
+    )
+
+
+def _warn_lease_lost(claim: Claim, receiver: RegisteredReceiver | None) -> None:
+    logger.warning(
+        "Delivery %s to %s: the lease taken at %s by %s lapsed before the outcome was "
+        "recorded, and another worker holds the row; nothing was recorded. If the "
+        "receiver needs longer, declare @receiver(..., lease_seconds=...).",
+        claim.id,
+        claim.receiver_key,
+        claim.claimed_at.isoformat(),
+        claim.claimed_by,
+    )
+    del receiver

@@ -1,0 +1,125 @@
+"""The two tables: the event log and the deliveries owed for it.
+
+A delivery row's ``available_at`` is the earliest moment any relay may claim it, for
+every status that is owed: a pending or failed row's next attempt, and a claimed row's
+lease expiry. One partial index over owed rows ordered by ``available_at`` therefore
+serves every claim, including the takeover of a lapsed lease, and never reads settled
+history.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class DeliveryStatus(models.TextChoices):
+    """Where a delivery row stands. Terminal: succeeded, dead, orphaned, cancelled."""
+
+    PENDING = "pending", "pending"
+    CLAIMED = "claimed", "claimed"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    DEAD = "dead", "dead"
+    ORPHANED = "orphaned", "orphaned"
+    CANCELLED = "cancelled", "cancelled"
+
+
+OWED = (DeliveryStatus.PENDING, DeliveryStatus.FAILED, DeliveryStatus.CLAIMED)
+TERMINAL = (
+    DeliveryStatus.SUCCEEDED,
+    DeliveryStatus.DEAD,
+    DeliveryStatus.ORPHANED,
+    DeliveryStatus.CANCELLED,
+)
+OWED_VALUES = tuple(s.value for s in OWED)
+
+
+class EventRecord(models.Model):
+    """One fired event: what happened, when, on whose behalf, and why."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=255, db_index=True)
+    version = models.PositiveIntegerField(default=1)
+    payload = models.JSONField(default=dict)
+    occurred_at = models.DateTimeField()
+    recorded_at = models.DateTimeField(db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    actor_key = models.CharField(max_length=255, blank=True, default="")
+    actor_label = models.CharField(max_length=255, blank=True, default="")
+    scope = models.JSONField(default=dict, blank=True)
+    correlation_id = models.CharField(max_length=255, blank=True, default="", db_index=True)
+    causation_id = models.BigIntegerField(null=True, blank=True)
+    # NULL, not "": rows without a key must not collide in the unique constraint.
+    dedupe_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    suppressed_reason = models.CharField(max_length=255, blank=True, default="")
+    retention_seconds = models.BigIntegerField(null=True, blank=True)
+    delete_when = models.CharField(max_length=16, blank=True, default="")
+
+    class Meta:
+        verbose_name = "event"
+        constraints = [
+            models.UniqueConstraint(fields=["name", "dedupe_key"], name="dde_event_dedupe"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.pk}"
+
+
+class DeliveryRecord(models.Model):
+    """One receiver's (or one target's) delivery of one event, with its attempts."""
+
+    id = models.BigAutoField(primary_key=True)
+    event = models.ForeignKey(
+        EventRecord, on_delete=models.CASCADE, related_name="deliveries", db_index=False
+    )
+    receiver_key = models.CharField(max_length=255)
+    target = models.CharField(max_length=255, blank=True, default="")
+    status = models.CharField(
+        max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(null=True, blank=True)
+    available_at = models.DateTimeField()
+    due_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=255, blank=True, default="")
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    completed_at = models.DateTimeField(null=True, blank=True)
+    succeeded_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "delivery"
+        verbose_name_plural = "deliveries"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["event", "receiver_key", "target"], name="dde_delivery_unique"
+            ),
+        ]
+        indexes = [
+            # The claim: owed rows in claim order. Partial, so settled history costs nothing.
+            models.Index(
+                fields=["available_at", "id"],
+                name="dde_delivery_claim",
+                condition=Q(status__in=OWED_VALUES),
+            ),
+            # Health: owed, scheduled and claimed per receiver, oldest due first.
+            models.Index(
+                fields=["receiver_key", "status", "due_at"],
+                name="dde_delivery_owed",
+                condition=Q(status__in=OWED_VALUES),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        target = f" -> {self.target}" if self.target else ""
+        return f"{self.receiver_key}{target} ({self.status})"

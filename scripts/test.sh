@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Lint, then the test suite against every database this machine offers.
+#
+#   bash scripts/test.sh [extra pytest arguments]     (normally via `make test`)
+#
+# Runs, in order: ruff check, ruff format --check, mypy; pytest on SQLite;
+# pytest on SQLite with USE_TZ=False; pytest on PostgreSQL when reachable
+# (required when CI=true); pytest on MariaDB when mysqlclient is installed and
+# the server is reachable. Every step runs even if an earlier one failed; the
+# script exits non-zero if any step failed. pytest's exit code 5 (no tests
+# collected) counts as a failure.
+#
+# Connection settings (see tests/settings.py): DDE_PG_HOST/PORT/USER/PASSWORD,
+# DDE_MYSQL_HOST/PORT/USER/PASSWORD.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+
+BIN=.venv/bin
+PY=$BIN/python
+CI=${CI:-false}
+EXTRA=("$@")
+
+if [ ! -x "$PY" ]; then
+    echo "error: $PY not found; run 'make .venv' first" >&2
+    exit 2
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/dde-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+failed=()
+skipped=()
+
+banner() { printf '\n==> %s\n' "$*"; }
+
+# step NAME COMMAND...: run a command, record a failure, never abort.
+step() {
+    local name=$1
+    shift
+    banner "$name: $*"
+    "$@"
+    local rc=$?
+    if [ "$rc" -ne 0 ]; then
+        failed+=("$name (exit $rc)")
+        echo "<== $name FAILED (exit $rc)"
+    fi
+}
+
+# suite NAME VAR=VALUE...: one pytest run with the given environment.
+suite() {
+    local name=$1
+    shift
+    banner "pytest [$name]: $*"
+    env "$@" DDE_SQLITE_PATH="$work/$name.sqlite3" \
+        "$PY" -m pytest --junitxml="$work/$name.xml" \
+        ${EXTRA[@]+"${EXTRA[@]}"}
+    local rc=$?
+    if [ "$rc" -eq 5 ]; then
+        echo "<== pytest [$name] collected no tests: counted as a failure"
+        failed+=("pytest [$name] (no tests collected)")
+    elif [ "$rc" -ne 0 ]; then
+        echo "<== pytest [$name] FAILED (exit $rc)"
+        failed+=("pytest [$name] (exit $rc)")
+    fi
+}
+
+skip() {
+    echo
+    echo "SKIP: $*"
+    skipped+=("$*")
+}
+
+# ------------------------------------------------------------------ lint
+step "ruff check" "$BIN/ruff" check .
+step "ruff format" "$BIN/ruff" format --check .
+step "mypy" "$BIN/mypy" django_domain_events
+
+# ---------------------------------------------------------------- SQLite
+suite sqlite DDE_TEST_DB=sqlite
+suite sqlite-no-tz DDE_TEST_DB=sqlite DDE_TEST_USE_TZ=false
+
+# ------------------------------------------------------------ PostgreSQL
+pg_host=${DDE_PG_HOST:-127.0.0.1}
+pg_port=${DDE_PG_PORT:-5432}
+if "$PY" - <<'PY' 2>/dev/null; then
+import os
+
+import psycopg
+
+psycopg.connect(
+    host=os.environ.get("DDE_PG_HOST", "127.0.0.1"),
+    port=int(os.environ.get("DDE_PG_PORT", "5432")),
+    user=os.environ.get("DDE_PG_USER", "postgres"),
+    password=os.environ.get("DDE_PG_PASSWORD", ""),
+    dbname="postgres",
+    connect_timeout=3,
+).close()
+PY
+    suite postgres DDE_TEST_DB=postgres
+elif [ "$CI" = "true" ]; then
+    echo
+    echo "ERROR: PostgreSQL is required under CI but is not reachable at $pg_host:$pg_port"
+    failed+=("PostgreSQL is required under CI (not reachable at $pg_host:$pg_port)")
+else
+    skip "PostgreSQL suite skipped: not reachable at $pg_host:$pg_port"
+fi
+
+# --------------------------------------------------------------- MariaDB
+my_host=${DDE_MYSQL_HOST:-127.0.0.1}
+my_port=${DDE_MYSQL_PORT:-3306}
+if ! "$PY" -c 'import MySQLdb' 2>/dev/null && command -v pkg-config >/dev/null 2>&1 \
+    && { pkg-config --exists libmariadb || pkg-config --exists mysqlclient; }; then
+    # The headers appeared after .venv was built: try once more.
+    banner "installing mysqlclient (client headers found)"
+    "$PY" -m pip install --quiet mysqlclient || echo "mysqlclient unavailable: MariaDB suite skipped"
+fi
+if ! "$PY" -c 'import MySQLdb' 2>/dev/null; then
+    skip "MariaDB suite skipped: mysqlclient is not installed (needs libmariadb-dev to build)"
+elif "$PY" - <<'PY' 2>/dev/null; then
+import os
+
+import MySQLdb
+
+MySQLdb.connect(
+    host=os.environ.get("DDE_MYSQL_HOST", "127.0.0.1"),
+    port=int(os.environ.get("DDE_MYSQL_PORT", "3306")),
+    user=os.environ.get("DDE_MYSQL_USER", "root"),
+    password=os.environ.get("DDE_MYSQL_PASSWORD", ""),
+    connect_timeout=3,
+).close()
+PY
+    suite mariadb DDE_TEST_DB=mariadb
+else
+    skip "MariaDB suite skipped: not reachable at $my_host:$my_port"
+fi
+
+# --------------------------------------------------------------- summary
+echo
+echo "==> summary"
+for s in ${skipped[@]+"${skipped[@]}"}; do
+    echo "skipped: $s"
+done
+for f in ${failed[@]+"${failed[@]}"}; do
+    echo "FAILED: $f"
+done
+# One closing line over every pytest run, from their JUnit reports.
+"$PY" - "$work" <<'PY'
+import pathlib
+import sys
+import xml.etree.ElementTree as ET
+
+passed = failed = skipped = 0
+for report in sorted(pathlib.Path(sys.argv[1]).glob("*.xml")):
+    t = f = s = 0
+    for ts in ET.parse(report).getroot().iter("testsuite"):
+        t += int(ts.get("tests", 0))
+        f += int(ts.get("failures", 0)) + int(ts.get("errors", 0))
+        s += int(ts.get("skipped", 0))
+    print(f"{report.stem}: {t - f - s} passed, {f} failed, {s} skipped")
+    passed, failed, skipped = passed + t - f - s, failed + f, skipped + s
+print(f"total: {passed} passed, {failed} failed, {skipped} skipped")
+PY
+
+if [ "${#failed[@]}" -ne 0 ]; then
+    exit 1
+fi

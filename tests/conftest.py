@@ -1,0 +1,53 @@
+"""Fixtures shared by the suite: isolated receivers, and child processes on the test DB."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from django_domain_events import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def isolated_receivers() -> Iterator[None]:
+    """Receivers a test declares are forgotten after it, so counts stay local."""
+    before = {r.key for r in registry.receivers}
+    yield
+    for declared in registry.receivers:
+        if declared.key not in before:
+            registry.forget(declared.key)
+
+
+def child_env() -> dict[str, str]:
+    """Environment for a child process that must use this test run's database."""
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["DDE_DB_NAME"] = str(connection.settings_dict["NAME"])
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def start_child(script: str, *args: str) -> subprocess.Popen[str]:
+    """Start ``tests/procs/<script>.py`` against the test database."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "procs" / f"{script}.py"), *args],
+        env=child_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+needs_postgresql = pytest.mark.skipif(
+    os.environ.get("DDE_TEST_DB", "sqlite") not in ("postgres", "postgresql"),
+    reason="needs real concurrency: runs on PostgreSQL",
+)
