@@ -57,6 +57,9 @@ _EXPORTS: dict[str, str] = {
     "DataclassCodec": "codec",
     "UnsupportedPayloadType": "codec",
     "PayloadUpgradeFailed": "codec",
+    # Introspection
+    "what_listens_to": "introspect",
+    "listens_for": "introspect",
     # Testing
     "drain_outbox": "testing",
     "assert_fired": "testing",
@@ -102,6 +105,7 @@ if TYPE_CHECKING:
     from .delivery.tasks import TaskBackend
     from .delivery.wake import notify_relay
     from .fire import fire
+    from .introspect import listens_for, what_listens_to
     from .models import DeliveryStatus
     from .retry import Constant, Exponential, Linear, backoff
     from .scope import (

@@ -108,7 +108,15 @@ else:
 if os.environ.get("DDE_DB_NAME"):
     _default["NAME"] = os.environ["DDE_DB_NAME"]
 
-DATABASES = {"default": _default}
+# A second database, for the tests that route the package's tables elsewhere.
+_events = {**_default, "TEST": dict(_default.get("TEST", {}))}
+if TEST_DB == "sqlite":
+    _events["NAME"] = _events["TEST"]["NAME"] = f"{_default['NAME']}.events"
+else:
+    _events["NAME"] = f"{_default['NAME']}_events"
+    _events["TEST"]["NAME"] = f"{_default['TEST']['NAME']}_events"
+
+DATABASES = {"default": _default, "events": _events}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

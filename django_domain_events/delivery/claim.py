@@ -262,17 +262,18 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
     if not picked:
         return []
     # The owed condition again: on SQLite a second process may have claimed in between.
+    # attempts first: MySQL evaluates assignments left to right, on the new values.
     _owed_rows(alias, replace(args, ids=picked)).update(
-        status=DeliveryStatus.CLAIMED,
-        claimed_by=args.worker_id,
-        claimed_at=args.now,
-        lease_expires_at=args.lease_end,
-        available_at=args.lease_end,
         attempts=Case(
             When(status=DeliveryStatus.CLAIMED, then=F("attempts") + 1),
             default=F("attempts"),
             output_field=PositiveIntegerField(),
         ),
+        status=DeliveryStatus.CLAIMED,
+        claimed_by=args.worker_id,
+        claimed_at=args.now,
+        lease_expires_at=args.lease_end,
+        available_at=args.lease_end,
     )
     return _held(alias, replace(args, ids=picked))
 

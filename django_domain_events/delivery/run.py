@@ -294,8 +294,7 @@ def _record_failure(
             assignments["completed_at"] = clock.now()
         else:
             assignments["available_at"] = outcome.available_at
-    with transaction.atomic(using=alias):
-        written = _update_claimed(alias, claim, assignments)
+    written = _update_claimed(alias, claim, assignments)  # one statement: no transaction
     if not written:
         _warn_lease_lost(claim, receiver)
         return None, None
