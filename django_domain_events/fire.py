@@ -137,6 +137,7 @@ def _event_row(
         if isinstance(retention, timedelta)
         else None,
         delete_when=retention.value if isinstance(retention, Retention) else "",
+        prune_after=recorded_at + retention if isinstance(retention, timedelta) else None,
     )
 
 

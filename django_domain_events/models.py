@@ -62,6 +62,8 @@ class EventRecord(models.Model):
     suppressed_reason = models.CharField(max_length=255, blank=True, default="")
     retention_seconds = models.BigIntegerField(null=True, blank=True)
     delete_when = models.CharField(max_length=16, blank=True, default="")
+    # recorded_at + retention_seconds, so the prune compares one column on every database.
+    prune_after = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:
         verbose_name = "event"
@@ -118,8 +120,52 @@ class DeliveryRecord(models.Model):
                 name="dde_delivery_owed",
                 condition=Q(status__in=OWED_VALUES),
             ),
+            # Dead letters per receiver, oldest first: health, dump, purge, their lifetime.
+            models.Index(
+                fields=["receiver_key", "completed_at"],
+                name="dde_delivery_dead",
+                condition=Q(status=DeliveryStatus.DEAD),
+            ),
+            # Each receiver's newest success, for quiet_receivers().
+            models.Index(
+                fields=["receiver_key", "succeeded_at"],
+                name="dde_delivery_success",
+                condition=Q(status=DeliveryStatus.SUCCEEDED),
+            ),
         ]
 
     def __str__(self) -> str:
         target = f" -> {self.target}" if self.target else ""
         return f"{self.receiver_key}{target} ({self.status})"
+
+
+class ReceiverMark(models.Model):
+    """A receiver's newest success, kept when the prune deletes the rows that showed it."""
+
+    receiver_key = models.CharField(max_length=255, primary_key=True)
+    last_succeeded_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "receiver mark"
+
+    def __str__(self) -> str:
+        return f"{self.receiver_key} last succeeded {self.last_succeeded_at.isoformat()}"
+
+
+class LanePause(models.Model):
+    """A relay holding back a lane after ``RetryAfter(counts=False)``: for operators."""
+
+    id = models.BigAutoField(primary_key=True)
+    lane = models.CharField(max_length=64)
+    worker_id = models.CharField(max_length=255)
+    paused_at = models.DateTimeField()
+    until = models.DateTimeField(db_index=True)
+
+    class Meta:
+        verbose_name = "lane pause"
+        constraints = [
+            models.UniqueConstraint(fields=["lane", "worker_id"], name="dde_lane_pause_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.lane} paused by {self.worker_id} until {self.until.isoformat()}"

@@ -434,3 +434,17 @@ def test_claiming_a_batch_is_one_statement_on_postgresql() -> None:
         claims = claim_batch(worker_id="w", now=timezone.now(), lease=60, limit=50)
     assert len(claims) == 20
     assert len(queries) == 1
+
+
+def test_draining_an_unbounded_failing_receiver_attempts_it_once_per_call() -> None:
+    calls: list[int] = []
+
+    def always(evt: OrderPlaced) -> None:
+        calls.append(1)
+        raise ConnectionError("down")
+
+    receiver(OrderPlaced, key="t.unbounded", max_attempts=None, ttl=timedelta(days=1))(always)
+    event_id = fire_committed(OrderPlaced(order_id=1))
+    assert drain_outbox()[DeliveryStatus.FAILED] == 1
+    assert calls == [1]
+    assert row_for(event_id).status == DeliveryStatus.FAILED

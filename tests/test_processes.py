@@ -22,7 +22,7 @@ def test_two_processes_drain_2000_rows_each_exactly_once() -> None:
             fire(OrderPlaced(order_id=n))
     children = [start_child("drain", f"worker-{i}") for i in range(2)]
     outputs = [child.communicate(timeout=240) for child in children]
-    for child, (out, err) in zip(children, outputs, strict=True):
+    for child, (_, err) in zip(children, outputs, strict=True):
         assert child.returncode == 0, err
     per_worker = [int(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert sum(per_worker) == 2000

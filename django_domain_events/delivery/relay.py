@@ -210,6 +210,9 @@ def run_batch(state: _Pass, lane: str, claims: Sequence[Claim], now: datetime) -
             state.counts[status] += 1
         if status is DeliveryStatus.PENDING and state.now is not None:
             state.excluded.add(claim.id)
+        if status is DeliveryStatus.FAILED and state.ignore_backoff and claim.max_attempts is None:
+            # Unbounded attempts end by lifetime, not count: once per call, or it would spin.
+            state.excluded.add(claim.id)
         if outcome is not None and outcome.pause_seconds > 0:
             state.paused_until[lane] = time.monotonic() + outcome.pause_seconds
             release(claims[index + 1 :])

@@ -1,0 +1,132 @@
+"""Pruning the log: settled events go once their retention says so, in bounded batches.
+
+An event is deleted only when none of its deliveries is owed (pending, failed, claimed),
+checked once to choose candidates and again under a lock at the delete, so a replay
+that reopens a row between the two is never cascaded away. Each receiver's newest
+success is recorded before its rows go, so ``quiet_receivers`` survives the prune.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from django.db import connections, router, transaction
+from django.db.models import Count, Exists, Max, OuterRef, Q
+from django.db.models.expressions import Combinable
+
+from . import clock, conf
+from .models import OWED_VALUES, DeliveryRecord, DeliveryStatus, EventRecord, ReceiverMark
+
+CONSUMED = (DeliveryStatus.SUCCEEDED, DeliveryStatus.CANCELLED)
+
+
+def prune_events(
+    older_than: timedelta | None = None,
+    *,
+    now: datetime | None = None,
+    batch_size: int | None = None,
+    limit: int | None = None,
+) -> int:
+    """Delete settled events whose retention has run out; returns how many events went.
+
+    ``older_than`` replaces the ``RETENTION_DAYS`` window for events that declared no
+    retention of their own. Works in batches of ``PRUNE_BATCH_ROWS`` rows (events and
+    deliveries counted alike), at most ``limit`` events in all.
+    """
+    settings = conf.get()
+    if older_than is not None and (
+        not isinstance(older_than, timedelta) or older_than < timedelta(0)
+    ):
+        raise ValueError(f"prune_events(older_than=) must be a timedelta >= 0, not {older_than!r}.")
+    rows_per_batch = batch_size or settings.PRUNE_BATCH_ROWS
+    if rows_per_batch < 1:
+        raise ValueError(f"prune_events(batch_size=) must be >= 1, not {batch_size!r}.")
+    if limit is not None and limit < 0:
+        raise ValueError(f"prune_events(limit=) must be >= 0 or None, not {limit!r}.")
+    moment = clock.normalize(now) if now is not None else clock.now()
+    window = older_than if older_than is not None else timedelta(days=settings.RETENTION_DAYS)
+    deleted = 0
+    while limit is None or deleted < limit:
+        room = rows_per_batch if limit is None else min(rows_per_batch, limit - deleted)
+        batch = _next_batch(moment, window, rows_per_batch, room)
+        if not batch:
+            break
+        deleted += _delete_batch(batch, moment, window)
+    return deleted
+
+
+def _prunable(moment: datetime, window: timedelta) -> Combinable:
+    """Events whose own retention (or the window) allows deletion, settled or not."""
+    owed = DeliveryRecord.objects.filter(event=OuterRef("pk"), status__in=OWED_VALUES)
+    unconsumed = DeliveryRecord.objects.filter(event=OuterRef("pk")).exclude(status__in=CONSUMED)
+    by_age = Q(delete_when="") & (
+        Q(prune_after__isnull=True, recorded_at__lte=moment - window) | Q(prune_after__lte=moment)
+    )
+    return (
+        (by_age & ~Exists(owed))
+        | (Q(delete_when="settled") & ~Exists(owed))
+        | (Q(delete_when="succeeded") & ~Exists(unconsumed))
+    )
+
+
+def _next_batch(moment: datetime, window: timedelta, rows: int, events: int) -> list[int]:
+    alias = router.db_for_write(EventRecord)
+    chosen = list(
+        EventRecord.objects.using(alias)
+        .filter(_prunable(moment, window))
+        .order_by("pk")
+        .values_list("pk", flat=True)[: max(events, 1)]
+    )
+    if not chosen:
+        return []
+    sizes = dict(
+        DeliveryRecord.objects.using(alias)
+        .filter(event_id__in=chosen)
+        .values("event_id")
+        .annotate(n=Count("pk"))
+        .values_list("event_id", "n")
+    )
+    batch: list[int] = []
+    total = 0
+    for pk in chosen:
+        cost = 1 + sizes.get(pk, 0)
+        if batch and total + cost > rows:
+            break
+        batch.append(pk)
+        total += cost
+    return batch
+
+
+def _delete_batch(batch: Sequence[int], moment: datetime, window: timedelta) -> int:
+    alias = router.db_for_write(EventRecord)
+    with transaction.atomic(using=alias):
+        events = EventRecord.objects.using(alias).filter(pk__in=batch).order_by("pk")
+        if connections[alias].features.has_select_for_update:
+            # The same lock a replay or cancel takes: whoever comes second sees the first.
+            list(events.select_for_update().values_list("pk", flat=True))
+        still = list(events.filter(_prunable(moment, window)).values_list("pk", flat=True))
+        if not still:
+            return 0
+        remember_successes(alias, still)
+        DeliveryRecord.objects.using(alias).filter(event_id__in=still).delete()
+        EventRecord.objects.using(alias).filter(pk__in=still).delete()
+    return len(still)
+
+
+def remember_successes(alias: str, event_ids: Sequence[int]) -> None:
+    """Keep each receiver's newest success among these events' rows before they go."""
+    newest = (
+        DeliveryRecord.objects.using(alias)
+        .filter(event_id__in=event_ids, status=DeliveryStatus.SUCCEEDED)
+        .values("receiver_key")
+        .annotate(last=Max("succeeded_at"))
+    )
+    for row in newest:
+        mark, created = ReceiverMark.objects.using(alias).get_or_create(
+            receiver_key=row["receiver_key"], defaults={"last_succeeded_at": row["last"]}
+        )
+        if not created and mark.last_succeeded_at < row["last"]:
+            ReceiverMark.objects.using(alias).filter(pk=mark.pk).update(
+                last_succeeded_at=row["last"]
+            )
