@@ -35,11 +35,13 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def start_child(script: str, *args: str) -> subprocess.Popen[str]:
-    """Start ``tests/procs/<script>.py`` against the test database."""
+def start_child(
+    script: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """Start ``tests/procs/<script>.py`` against the test database (``env`` added)."""
     return subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "procs" / f"{script}.py"), *args],
-        env=child_env(),
+        env={**child_env(), **(env or {})},
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -9,6 +9,7 @@ Environment:
     DDE_MYSQL_HOST, DDE_MYSQL_PORT, DDE_MYSQL_USER, DDE_MYSQL_PASSWORD
 """
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -131,7 +132,9 @@ STATIC_URL = "/static/"
 # Fast hashing for users created in tests.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
-DJANGO_DOMAIN_EVENTS = {"WARN_OUTSIDE_ATOMIC": True}
+DJANGO_DOMAIN_EVENTS: dict[str, Any] = {"WARN_OUTSIDE_ATOMIC": True}
+# Child processes started by the tests may be given settings of their own.
+DJANGO_DOMAIN_EVENTS.update(json.loads(os.environ.get("DDE_SETTINGS_JSON", "{}")))
 
 LOGGING = {
     "version": 1,

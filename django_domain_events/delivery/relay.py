@@ -16,14 +16,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
 from .. import clock, conf
 from ..declare import registry
-from ..models import DeliveryStatus
+from ..models import DeliveryStatus, LanePause
 from .claim import (
     Claim,
     claim_batch,
@@ -33,9 +33,9 @@ from .claim import (
     release_held,
     take_over,
 )
-from .run import attempt
+from .run import attempt, record_failure
 from .run import logger as delivery_logger
-from .tasks import TaskBackendMissing, hand_off
+from .tasks import hand_off
 from .wake import Listener, wakes_by_notify
 
 logger = logging.getLogger("django_domain_events.relay")
@@ -111,25 +111,54 @@ def deliver_one(
 
 @dataclass
 class _Pass:
-    """What one call of ``deliver_pending`` (or one relay) keeps between batches."""
+    """What one call of ``deliver_pending``, or one relay, keeps between batches.
+
+    A lane set aside by ``RetryAfter(counts=False)`` stays aside for the rest of a
+    ``deliver_pending`` call; a relay pauses it for the time asked, recorded in
+    ``LanePause`` for operators.
+    """
 
     worker_id: str
     now: datetime | None
     ignore_backoff: bool
+    relay: bool = False
     counts: Counts = field(default_factory=empty_counts)
     excluded: set[int] = field(default_factory=set)
     paused_until: dict[str, float] = field(default_factory=dict)  # lane -> monotonic
     stop: Callable[[], bool] = lambda: False
     claimed: int = 0
 
+    def pause(self, lane: str, seconds: float) -> None:
+        self.paused_until[lane] = time.monotonic() + seconds
+        if self.relay:
+            record_pause(lane, self.worker_id, seconds)
+
     def lane_paused(self, lane: str) -> bool:
         until = self.paused_until.get(lane)
         if until is None:
             return False
-        if self.now is None and time.monotonic() >= until:
+        if self.relay and time.monotonic() >= until:
             del self.paused_until[lane]
+            end_pause(lane, self.worker_id)
             return False
         return True
+
+
+def record_pause(lane: str, worker_id: str, seconds: float) -> None:
+    """Show the pause to operators; clears pauses whose relay never came back to end them."""
+    now = clock.now()
+    alias = database_alias()
+    pauses = LanePause.objects.using(alias)
+    pauses.filter(until__lt=now).delete()
+    pauses.update_or_create(
+        lane=lane,
+        worker_id=worker_id,
+        defaults={"paused_at": now, "until": now + timedelta(seconds=seconds)},
+    )
+
+
+def end_pause(lane: str, worker_id: str) -> None:
+    LanePause.objects.using(database_alias()).filter(lane=lane, worker_id=worker_id).delete()
 
 
 def _batch_size(lane: str, batch_size: int | None, lane_batch_sizes: Mapping[str, int]) -> int:
@@ -202,10 +231,17 @@ def run_batch(state: _Pass, lane: str, claims: Sequence[Claim], now: datetime) -
             release(claims[index:])
             return
         receiver = registry.receiver(claim.receiver_key)
-        is_task = receiver is not None and receiver.durable and receiver.site == "task"
-        if is_task and _hand_off(state, claim, now):
-            continue
-        status, outcome = attempt(claim, now=now, decoded=decoded)
+        if receiver is not None and receiver.durable and receiver.site == "task":
+            try:
+                hand_off(claim)
+            except Exception as error:  # no backend, or the queue refused: a failed attempt
+                status, outcome = record_failure(claim, receiver, error, now=now)
+            else:
+                if state.now is not None:
+                    state.excluded.add(claim.id)
+                continue
+        else:
+            status, outcome = attempt(claim, now=now, decoded=decoded)
         if status is not None:
             state.counts[status] += 1
         if status is DeliveryStatus.PENDING and state.now is not None:
@@ -214,20 +250,9 @@ def run_batch(state: _Pass, lane: str, claims: Sequence[Claim], now: datetime) -
             # Unbounded attempts end by lifetime, not count: once per call, or it would spin.
             state.excluded.add(claim.id)
         if outcome is not None and outcome.pause_seconds > 0:
-            state.paused_until[lane] = time.monotonic() + outcome.pause_seconds
+            state.pause(lane, outcome.pause_seconds)
             release(claims[index + 1 :])
             return
-
-
-def _hand_off(state: _Pass, claim: Claim, now: datetime) -> bool:
-    """Queue a ``site="task"`` row; False when there is no backend (the row then fails)."""
-    try:
-        hand_off(claim)
-    except TaskBackendMissing:
-        return False
-    if state.now is not None:
-        state.excluded.add(claim.id)
-    return True
 
 
 # The long-running loop --------------------------------------------------------
@@ -282,12 +307,14 @@ def run_relay(
     lane_batch_sizes: Mapping[str, int] | None = None,
     limit: int | None = None,
     prune: Callable[[], object] | None = None,
+    once: bool = False,
 ) -> Counts:
     """Deliver owed rows until stopped: the loop behind ``manage.py deliver_events``.
 
     Waits on LISTEN/NOTIFY where available with ``POLL_SECONDS`` as the floor; survives
     the database going away; on SIGTERM/SIGINT hands back the unstarted rest of its batch
-    and returns.
+    and returns. ``once`` returns as soon as a pass finds nothing owed, instead of waiting;
+    ``passes`` returns after that many passes; ``limit`` after that many rows.
     """
     lanes = check_lanes([lane] if isinstance(lane, str) else lane)
     check_sizes(batch_size, lane_batch_sizes)
@@ -307,12 +334,14 @@ def run_relay(
             return stop_event.is_set()
         return bool(stop()) if callable(stop) else False
 
-    state = _Pass(worker_id or default_worker_id(), None, False, stop=stopping)
+    state = _Pass(worker_id or default_worker_id(), None, False, relay=True, stop=stopping)
     try:
-        return _loop(state, lanes, passes, batch_size, lane_batch_sizes or {}, limit, prune)
+        return _loop(state, lanes, passes, batch_size, lane_batch_sizes or {}, limit, prune, once)
     finally:
         if on_main_thread:
             signals.restore()
+        with contextlib.suppress(DatabaseError, InterfaceError):
+            LanePause.objects.using(database_alias()).filter(worker_id=state.worker_id).delete()
 
 
 def _loop(
@@ -323,6 +352,7 @@ def _loop(
     lane_batch_sizes: Mapping[str, int],
     limit: int | None,
     prune: Callable[[], object] | None,
+    once: bool,
 ) -> Counts:
     settings = conf.get()
     alias = database_alias()
@@ -358,6 +388,8 @@ def _loop(
                 _release_held(state.worker_id)
                 continue
             done += 1
+            if once and not claimed:
+                break
             if claimed or state.stop() or (passes is not None and done >= passes):
                 continue
             prune_due = time.monotonic() - last_prune >= settings.RELAY_PRUNE_SECONDS

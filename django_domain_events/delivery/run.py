@@ -196,7 +196,7 @@ def attempt(
         _warn_lease_lost(claim, receiver)
         return None, None
     except Exception as error:
-        return _record_failure(alias, claim, receiver, error, now=now)
+        return record_failure(claim, receiver, error, now=now)
     return DeliveryStatus.SUCCEEDED, None
 
 
@@ -260,14 +260,15 @@ def _settle_unrun(
     return status, outcome
 
 
-def _record_failure(
-    alias: str,
+def record_failure(
     claim: Claim,
     receiver: RegisteredReceiver,
     error: Exception,
     *,
     now: datetime,
 ) -> tuple[DeliveryStatus | None, Outcome | None]:
+    """Record that ``error`` ended this attempt, as ``decide()`` rules; tell on_failure."""
+    alias = database_alias()
     moment = max(now, clock.now())
     outcome = decide(
         receiver,

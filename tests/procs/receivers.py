@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 from django_domain_events import DeliveryContext, receiver
-from tests.app.events import OrderPlaced
+from tests.app.events import OrderPlaced, Pinged
 from tests.app.models import Delivered
 
 RECORDER_KEY = "tests.record_order"
+MAIL_KEY = "tests.mail_ping"
+DEFAULT_PING_KEY = "tests.default_ping"
 
 
-def record(evt: OrderPlaced, ctx: DeliveryContext) -> None:
+def record(evt: object, ctx: DeliveryContext) -> None:
     """Write one row per delivery; the unique delivery id makes a second run fail."""
+    slow = float(os.environ.get("DDE_SLOW_SECONDS", "0"))
+    if slow:
+        time.sleep(slow)
     Delivered.objects.create(
         delivery_id=ctx.delivery_id,
         receiver_key=ctx.receiver_key,
@@ -21,3 +29,10 @@ def record(evt: OrderPlaced, ctx: DeliveryContext) -> None:
 
 def declare_recorder() -> None:
     receiver(OrderPlaced, key=RECORDER_KEY, takes_context=True)(record)
+
+
+def declare_all() -> None:
+    """The recorder on the default lane, and a Pinged receiver on each of two lanes."""
+    declare_recorder()
+    receiver(Pinged, key=MAIL_KEY, takes_context=True, lane="mail")(record)
+    receiver(Pinged, key=DEFAULT_PING_KEY, takes_context=True)(record)

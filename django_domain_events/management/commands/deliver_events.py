@@ -24,7 +24,9 @@ class Command(BaseCommand):
     help = "Deliver owed events: the relay. Runs until SIGTERM/SIGINT unless --once or --passes."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--once", action="store_true", help="One pass, then exit.")
+        parser.add_argument(
+            "--once", action="store_true", help="Deliver what is owed now, then exit."
+        )
         parser.add_argument("--limit", type=int, help="With --once: deliver at most N rows.")
         parser.add_argument("--passes", type=int, help="Exit after N passes.")
         parser.add_argument("--worker-id", help="This relay's name in claims (default host:pid).")
@@ -50,7 +52,9 @@ class Command(BaseCommand):
         if passes is not None and passes < 1:
             raise CommandError(f"--passes must be at least 1, not {passes}.")
         if once and passes is not None:
-            raise CommandError("--once is one pass; drop --passes, or drop --once.")
+            raise CommandError(
+                "--once runs until nothing is owed and --passes counts passes; give one of them."
+            )
         batch_size = options["batch_size"]
         if batch_size is not None and batch_size < 1:
             raise CommandError(f"--batch-size must be at least 1, not {batch_size}.")
@@ -76,7 +80,8 @@ class Command(BaseCommand):
                 )
         counts = run_relay(
             worker_id=options["worker_id"],
-            passes=1 if once else passes,
+            passes=passes,
+            once=once,
             lane=lanes,
             batch_size=batch_size,
             lane_batch_sizes=sizes,

@@ -1,0 +1,24 @@
+"""A child process: declare the tests' receivers, then run ``manage.py deliver_events``.
+
+Usage: relay.py [deliver_events arguments...]
+Environment: DDE_SLOW_SECONDS makes the recorder sleep before writing (default 0);
+DDE_READY_FILE, when set, is created once the relay has started.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import django
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+
+from tests.procs.receivers import declare_all  # noqa: E402
+
+declare_all()
+if os.environ.get("DDE_READY_FILE"):
+    open(os.environ["DDE_READY_FILE"], "w").close()
+call_command("deliver_events", *sys.argv[1:])

@@ -1,0 +1,226 @@
+"""The relay as a real process on PostgreSQL: waking, sharing, stopping, dying, outages."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.db import transaction
+
+from django_domain_events import DeliveryStatus, fire
+from django_domain_events.models import DeliveryRecord
+from tests.app.events import OrderPlaced
+from tests.app.models import Delivered
+from tests.conftest import needs_postgresql, start_child
+from tests.procs.receivers import RECORDER_KEY, declare_all
+
+pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql]
+
+
+def fire_orders(count: int) -> None:
+    with transaction.atomic():
+        for n in range(count):
+            fire(OrderPlaced(order_id=n))
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll until ``predicate``; returns the seconds it took."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def relay(*args: str, **env: str) -> subprocess.Popen[str]:
+    ready = Path(tempfile.mkdtemp()) / "ready"
+    process = start_child("relay", *args, env={**env, "DDE_READY_FILE": str(ready)})
+    wait_for(ready.exists, 30, "the relay to start")
+    return process
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out + err
+
+
+def test_a_listening_relay_delivers_well_before_its_poll() -> None:
+    declare_all()
+    process = relay(DDE_SETTINGS_JSON=json.dumps({"POLL_SECONDS": 10}))
+    try:
+        time.sleep(1.5)  # let it finish its first pass and start listening
+        latencies = []
+        for n in range(5):
+            fire_orders(1)
+            latencies.append(wait_for(lambda n=n: Delivered.objects.count() > n, 9, "delivery"))
+        assert max(latencies) < 2.0, latencies
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code, output = finish(process)
+    assert code == 0, output
+
+
+def test_four_relays_on_one_lane_deliver_5000_rows_each_exactly_once() -> None:
+    declare_all()
+    fire_orders(5000)
+    relays = [start_child("relay", "--once", "--worker-id", f"r{i}") for i in range(4)]
+    for process in relays:
+        code, output = finish(process, timeout=300)
+        assert code == 0, output
+    assert Delivered.objects.count() == 5000
+    assert Delivered.objects.values("delivery_id").distinct().count() == 5000
+    rows = DeliveryRecord.objects.filter(receiver_key=RECORDER_KEY)
+    assert rows.filter(status=DeliveryStatus.SUCCEEDED).count() == 5000
+    assert len(set(rows.values_list("claimed_by", flat=True))) > 1
+
+
+def test_sigterm_finishes_the_delivery_in_hand_and_hands_back_the_rest() -> None:
+    declare_all()
+    fire_orders(50)
+    process = relay("--batch-size", "50", DDE_SLOW_SECONDS="0.3")
+    wait_for(lambda: Delivered.objects.exists(), 30, "the first delivery")
+    process.send_signal(signal.SIGTERM)
+    code, output = finish(process)
+    assert code == 0, output
+    done = Delivered.objects.count()
+    assert 1 <= done < 50
+    rest = DeliveryRecord.objects.exclude(status=DeliveryStatus.SUCCEEDED)
+    assert rest.count() == 50 - done
+    assert not rest.filter(status=DeliveryStatus.CLAIMED).exists()  # no lease to wait out
+    assert set(rest.values_list("attempts", flat=True)) == {0}
+    started = time.monotonic()
+    second = start_child("relay", "--once")
+    code, output = finish(second, timeout=60)
+    assert code == 0, output
+    assert time.monotonic() - started < 30
+    assert Delivered.objects.count() == 50
+
+
+def test_a_second_signal_exits_at_once() -> None:
+    declare_all()
+    fire_orders(5)
+    process = relay(DDE_SLOW_SECONDS="5")
+    wait_for(
+        lambda: DeliveryRecord.objects.filter(status=DeliveryStatus.CLAIMED).exists(), 30, "a claim"
+    )
+    time.sleep(0.3)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGTERM)
+    code, _ = finish(process, timeout=10)
+    assert code == 128 + signal.SIGTERM
+
+
+def test_kill_9_mid_batch_every_row_is_delivered_once_after_the_lease() -> None:
+    declare_all()
+    fire_orders(20)
+    settings = json.dumps({"LEASE_SECONDS": 2})
+    process = relay("--batch-size", "20", DDE_SLOW_SECONDS="0.2", DDE_SETTINGS_JSON=settings)
+    wait_for(lambda: Delivered.objects.count() >= 2, 30, "some deliveries")
+    process.kill()
+    process.communicate()
+    assert Delivered.objects.count() < 20
+    time.sleep(2.5)  # the dead relay's lease (2 s x 1.1) lapses
+    second = start_child("relay", "--once", env={"DDE_SETTINGS_JSON": settings})
+    code, output = finish(second, timeout=60)
+    assert code == 0, output
+    assert Delivered.objects.count() == 20
+    assert Delivered.objects.values("delivery_id").distinct().count() == 20
+    assert DeliveryRecord.objects.filter(status=DeliveryStatus.SUCCEEDED).count() == 20
+
+
+# A database outage, on a throwaway cluster so the shared server is never touched --------
+
+
+class Cluster:
+    """A private PostgreSQL cluster on a spare port, so the shared server is never touched."""
+
+    def __init__(self) -> None:
+        bin_dir = Path(subprocess.check_output(["pg_config", "--bindir"], text=True).strip())
+        self.bin = bin_dir if (bin_dir / "initdb").exists() else Path("/usr/lib/postgresql/15/bin")
+        self.base = Path(tempfile.mkdtemp(prefix="dde-pg-"))
+        self.data = self.base / "data"
+        self.port = 55000 + os.getpid() % 1000
+        self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if os.geteuid() == 0:
+            shutil.chown(self.base, "postgres")
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres")
+
+    def _run(self, tool: str, *args: str) -> None:
+        subprocess.run(
+            [*self.as_postgres, str(self.bin / tool), *args], check=True, capture_output=True
+        )
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-w",
+            "-o",
+            options,
+            "-l",
+            str(self.base / "log"),
+            "start",
+        )
+
+    def stop(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-m", "immediate", "stop")
+
+    def query(self, sql: str, dbname: str = "dde_outage") -> int:
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=dbname) as c:
+            return int(c.execute(sql).fetchone()[0])  # type: ignore[index]
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    cluster = Cluster()
+    cluster.start()
+    with psycopg.connect(
+        host="127.0.0.1", port=cluster.port, user="postgres", dbname="postgres", autocommit=True
+    ) as conn:
+        conn.execute("CREATE DATABASE dde_outage")
+    try:
+        yield cluster
+    finally:
+        try:
+            cluster.stop()
+        except subprocess.CalledProcessError:
+            pass
+        shutil.rmtree(cluster.base, ignore_errors=True)
+
+
+def test_the_relay_survives_a_database_restart_and_releases_its_batch(cluster: Cluster) -> None:
+    env = {"DDE_PG_PORT": str(cluster.port), "DDE_DB_NAME": "dde_outage"}
+    code, output = finish(start_child("seed", "40", env=env), timeout=120)
+    assert code == 0, output
+    succeeded = f"SELECT count(*) FROM {DeliveryRecord._meta.db_table} WHERE status = 'succeeded'"
+    process = relay("--batch-size", "40", DDE_SLOW_SECONDS="0.3", **env)
+    try:
+        wait_for(lambda: cluster.query(succeeded) >= 2, 30, "the first deliveries")
+        cluster.stop()
+        time.sleep(4)
+        assert process.poll() is None, "the relay exited when the database went away"
+        cluster.start()
+        before = cluster.query(succeeded)
+        resumed = wait_for(lambda: cluster.query(succeeded) > before, 10, "claims to resume")
+        assert resumed < 3.0, f"resumed {resumed:.1f}s after the restart"
+        # Far sooner than the 330 s lease: the relay released the rows it held.
+        wait_for(lambda: cluster.query(succeeded) == 40, 30, "the interrupted batch")
+        assert cluster.query("SELECT count(DISTINCT delivery_id) FROM testapp_delivered") == 40
+        assert cluster.query("SELECT count(*) FROM testapp_delivered") == 40
+        assert process.poll() is None
+    finally:
+        process.send_signal(signal.SIGTERM)
+        finish(process)
