@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -194,10 +195,8 @@ def cluster() -> Iterator[Cluster]:
     try:
         yield cluster
     finally:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):
             cluster.stop()
-        except subprocess.CalledProcessError:
-            pass
         shutil.rmtree(cluster.base, ignore_errors=True)
 
 
