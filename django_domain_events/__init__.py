@@ -26,7 +26,7 @@ _EXPORTS: dict[str, str] = {
     "ON_COMMIT": "declare",
     "Retention": "declare",
     # Firing
-    "fire": "fire",
+    "fire": "firing",
     "attributed": "scope",
     "current_scope": "scope",
     "suppressed": "scope",
@@ -57,7 +57,27 @@ _EXPORTS: dict[str, str] = {
     "DataclassCodec": "codec",
     "UnsupportedPayloadType": "codec",
     "PayloadUpgradeFailed": "codec",
+    # Operations
+    "cancel_deliveries": "operations",
+    "replay_events": "operations",
+    "requeue_dead": "operations",
+    "prune_events": "retention",
+    "dead_letters": "operations",
+    "purge_dead": "operations",
     # Introspection
+    "outbox_health": "introspect",
+    "OutboxHealth": "introspect",
+    "ReceiverBacklog": "introspect",
+    "LaneBacklog": "introspect",
+    "LanePause": "introspect",
+    "quiet_receivers": "introspect",
+    "QuietReceiver": "introspect",
+    "catalogue": "catalogue",
+    "render_catalogue": "catalogue",
+    "Catalogue": "catalogue",
+    "CatalogueEvent": "catalogue",
+    "CatalogueField": "catalogue",
+    "CatalogueReceiver": "catalogue",
     "what_listens_to": "introspect",
     "listens_for": "introspect",
     # Testing
@@ -78,6 +98,14 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from .catalogue import (
+        Catalogue,
+        CatalogueEvent,
+        CatalogueField,
+        CatalogueReceiver,
+        catalogue,
+        render_catalogue,
+    )
     from .codec import DataclassCodec, PayloadCodec, PayloadUpgradeFailed, UnsupportedPayloadType
     from .declare import (
         DURABLE,
@@ -104,9 +132,27 @@ if TYPE_CHECKING:
     from .delivery.relay import deliver_one, deliver_pending, run_relay
     from .delivery.tasks import TaskBackend
     from .delivery.wake import notify_relay
-    from .fire import fire
-    from .introspect import listens_for, what_listens_to
+    from .firing import fire
+    from .introspect import (
+        LaneBacklog,
+        LanePause,
+        OutboxHealth,
+        QuietReceiver,
+        ReceiverBacklog,
+        listens_for,
+        outbox_health,
+        quiet_receivers,
+        what_listens_to,
+    )
     from .models import DeliveryStatus
+    from .operations import (
+        cancel_deliveries,
+        dead_letters,
+        purge_dead,
+        replay_events,
+        requeue_dead,
+    )
+    from .retention import prune_events
     from .retry import Constant, Exponential, Linear, backoff
     from .scope import (
         Scope,

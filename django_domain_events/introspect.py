@@ -1,8 +1,18 @@
-"""Answers about the declarations and the rows: who listens, and (later) health and quiet."""
+"""Answers about the declarations and the rows: who listens, health, quiet receivers."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import router
+from django.db.models import Case, Count, Min, When
+
+from . import clock, conf
 from .declare import AnyEvent, RegisteredEvent, RegisteredReceiver, registry
+from .models import OWED_VALUES, DeliveryRecord, DeliveryStatus, ReceiverMark
+from .models import LanePause as PauseRecord
 
 
 def what_listens_to(cls: type) -> list[RegisteredReceiver]:
@@ -18,3 +28,217 @@ def listens_for(key: str) -> RegisteredEvent | None:
     if declared is None or declared.wildcard:
         return None
     return registry.event_for_class(declared.event_class)
+
+
+# Health ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReceiverBacklog:
+    """One receiver's rows: owed (due now), scheduled (due later), claimed, dead."""
+
+    key: str
+    owed: int
+    dead: int
+    oldest_owed_at: datetime | None
+    scheduled: int = 0
+    claimed: int = 0
+
+
+@dataclass(frozen=True)
+class LanePause:
+    """A relay holding a lane back after ``RetryAfter(counts=False)``."""
+
+    worker_id: str
+    paused_at: datetime
+    until: datetime
+
+
+@dataclass(frozen=True)
+class LaneBacklog:
+    """A lane's rows, summed over its receivers, with the pauses relays recorded."""
+
+    lane: str
+    owed: int
+    dead: int
+    oldest_owed_at: datetime | None
+    scheduled: int = 0
+    claimed: int = 0
+    pauses: tuple[LanePause, ...] = ()
+
+
+@dataclass(frozen=True)
+class OutboxHealth:
+    """Is delivery keeping up? Owed work is due now; scheduled work is not due yet."""
+
+    owed: int
+    claimed: int
+    dead: int
+    oldest_owed_at: datetime | None
+    lapsed_leases: int
+    receivers: tuple[ReceiverBacklog, ...] = ()
+    scheduled: int = 0
+    lanes: tuple[LaneBacklog, ...] = ()
+
+
+@dataclass
+class _Tally:
+    owed: int = 0
+    dead: int = 0
+    oldest: datetime | None = None
+    scheduled: int = 0
+    claimed: int = 0
+
+    def add_owed(self, count: int, oldest: datetime | None) -> None:
+        self.owed += count
+        if oldest is not None and (self.oldest is None or oldest < self.oldest):
+            self.oldest = oldest
+
+    def merge(self, other: _Tally) -> None:
+        self.add_owed(other.owed, other.oldest)
+        self.dead += other.dead
+        self.scheduled += other.scheduled
+        self.claimed += other.claimed
+
+
+def outbox_health(*, now: datetime | None = None) -> OutboxHealth:
+    """The backlog, per receiver and per lane, worst first, in three queries.
+
+    Read from the partial indexes over owed and dead rows, so the cost follows the work
+    outstanding, never the settled history. A row whose due time is ahead is scheduled,
+    not owed, and never ages the backlog; once due, its age runs from ``due_at``. A row
+    still owed past its lifetime is counted dead: it will be dead-lettered unrun.
+    """
+    moment = clock.normalize(now) if now is not None else clock.now()
+    alias = router.db_for_read(DeliveryRecord)
+    tallies: dict[str, _Tally] = {r.key: _Tally() for r in registry.receivers if r.durable}
+    lapsed = 0
+    owed_rows = (
+        DeliveryRecord.objects.using(alias)
+        .filter(status__in=OWED_VALUES)
+        .annotate(
+            ahead=Case(When(due_at__gt=moment, then=True), default=False),
+            expired=Case(When(expires_at__lte=moment, then=True), default=False),
+            lapsed=Case(
+                When(status=DeliveryStatus.CLAIMED, available_at__lte=moment, then=True),
+                default=False,
+            ),
+        )
+        .values("receiver_key", "status", "ahead", "expired", "lapsed")
+        .annotate(n=Count("pk"), oldest=Min("due_at"))
+        .order_by()
+    )
+    for row in owed_rows:
+        tally = tallies.setdefault(row["receiver_key"], _Tally())
+        if row["expired"]:
+            tally.dead += row["n"]
+            continue
+        if row["status"] == DeliveryStatus.CLAIMED:
+            tally.claimed += row["n"]
+            lapsed += row["n"] if row["lapsed"] else 0
+        if row["ahead"] and row["status"] == DeliveryStatus.PENDING:
+            tally.scheduled += row["n"]
+        else:
+            tally.add_owed(row["n"], row["oldest"])
+    dead_rows = (
+        DeliveryRecord.objects.using(alias)
+        .filter(status=DeliveryStatus.DEAD)
+        .values("receiver_key")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    for row in dead_rows:
+        tallies.setdefault(row["receiver_key"], _Tally()).dead += row["n"]
+    pauses: dict[str, list[LanePause]] = {}
+    for pause in (
+        PauseRecord.objects.using(alias).filter(until__gt=moment).order_by("lane", "worker_id")
+    ):
+        pauses.setdefault(pause.lane, []).append(
+            LanePause(worker_id=pause.worker_id, paused_at=pause.paused_at, until=pause.until)
+        )
+    return _assemble(tallies, pauses, lapsed)
+
+
+def _worst_first(tally: _Tally, name: str) -> tuple[Any, ...]:
+    oldest = tally.oldest.timestamp() if tally.oldest is not None else float("inf")
+    return (oldest, -tally.owed, -tally.dead, -tally.scheduled, name)
+
+
+def _assemble(
+    tallies: dict[str, _Tally], pauses: dict[str, list[LanePause]], lapsed: int
+) -> OutboxHealth:
+    lane_of = {key: lane for lane, keys in registry.lanes().items() for key in keys}
+    lanes: dict[str, _Tally] = {lane: _Tally() for lane in registry.lanes()}
+    lanes.update({lane: _Tally() for lane in pauses if lane not in lanes})
+    total = _Tally()
+    for key, tally in tallies.items():
+        lanes[lane_of.get(key, "default")].merge(tally)
+        total.merge(tally)
+    receivers = tuple(
+        ReceiverBacklog(key, t.owed, t.dead, t.oldest, t.scheduled, t.claimed)
+        for key, t in sorted(tallies.items(), key=lambda item: _worst_first(item[1], item[0]))
+    )
+    lane_backlogs = tuple(
+        LaneBacklog(
+            name, t.owed, t.dead, t.oldest, t.scheduled, t.claimed, tuple(pauses.get(name, ()))
+        )
+        for name, t in sorted(lanes.items(), key=lambda item: _worst_first(item[1], item[0]))
+    )
+    return OutboxHealth(
+        owed=total.owed,
+        claimed=total.claimed,
+        dead=total.dead,
+        oldest_owed_at=total.oldest,
+        lapsed_leases=lapsed,
+        receivers=receivers,
+        scheduled=total.scheduled,
+        lanes=lane_backlogs,
+    )
+
+
+# Quiet receivers ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuietReceiver:
+    """A durable receiver with no success inside the window (None: it never succeeded)."""
+
+    key: str
+    event_name: str
+    last_succeeded_at: datetime | None
+
+
+def quiet_receivers(
+    *, within: timedelta | None = None, now: datetime | None = None
+) -> list[QuietReceiver]:
+    """Durable receivers with no success inside ``within`` (default ``RETENTION_DAYS``).
+
+    One index probe per receiver, and the marks the prune leaves, so the answer survives
+    the prune and does not walk history.
+    """
+    if within is None:
+        within = timedelta(days=conf.get().RETENTION_DAYS)
+    if not isinstance(within, timedelta) or within <= timedelta(0):
+        raise ValueError(f"quiet_receivers(within=) must be a positive timedelta, not {within!r}.")
+    moment = clock.normalize(now) if now is not None else clock.now()
+    alias = router.db_for_read(DeliveryRecord)
+    marks = dict(ReceiverMark.objects.using(alias).values_list("receiver_key", "last_succeeded_at"))
+    quiet = []
+    for declared in registry.receivers:
+        if not declared.durable:
+            continue
+        last = (
+            DeliveryRecord.objects.using(alias)
+            .filter(receiver_key=declared.key, status=DeliveryStatus.SUCCEEDED)
+            .order_by("-succeeded_at")
+            .values_list("succeeded_at", flat=True)
+            .first()
+        )
+        mark = marks.get(declared.key)
+        if mark is not None and (last is None or mark > last):
+            last = mark
+        if last is None or last < moment - within:
+            event = listens_for(declared.key)
+            name = event.name if event is not None else "*"
+            quiet.append(QuietReceiver(declared.key, name, last))
+    return quiet

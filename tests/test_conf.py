@@ -54,3 +54,17 @@ def test_fire_with_an_invalid_setting_changes_nothing() -> None:
     with pytest.raises(ImproperlyConfigured, match="BATCH_SIZE"), transaction.atomic():
         fire(Pinged())
     assert not EventRecord.objects.exists()
+
+
+@pytest.mark.skipif(
+    __import__("django.db").db.connection.vendor != "postgresql", reason="PostgreSQL only"
+)
+def test_psycopg2_with_notify_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.db.backends.postgresql import psycopg_any
+
+    assert not [e for e in run_checks() if e.id == "django_domain_events.W001"]
+    monkeypatch.setattr(psycopg_any, "is_psycopg3", False)
+    warnings = [e for e in run_checks() if e.id == "django_domain_events.W001"]
+    assert warnings and "POLL_SECONDS" in warnings[0].msg
+    with override_settings(DJANGO_DOMAIN_EVENTS={"WAKE": "poll"}):
+        assert not [e for e in run_checks() if e.id == "django_domain_events.W001"]

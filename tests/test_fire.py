@@ -28,7 +28,7 @@ from django_domain_events import (
     receiver,
     suppressed,
 )
-from django_domain_events.fire import OutsideAtomicWarning
+from django_domain_events.firing import OutsideAtomicWarning
 from django_domain_events.models import DeliveryRecord, EventRecord
 from tests.app.events import OrderPlaced, OrderShipped, Pinged
 from tests.app.models import Order

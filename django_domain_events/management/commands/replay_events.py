@@ -1,0 +1,33 @@
+"""``manage.py replay_events ID...``: deliver events again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ...operations import replay_events
+from ..arguments import existing_events, known_receiver
+
+
+class Command(BaseCommand):
+    help = "Reopen the settled deliveries of these events and add any that are missing."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("ids", nargs="+", type=int, metavar="ID", help="Event ids.")
+        parser.add_argument(
+            "--receiver",
+            action="append",
+            dest="receivers",
+            metavar="KEY",
+            help="Only this receiver (repeatable).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        ids = existing_events(options["ids"])
+        keys = [known_receiver(key) for key in options["receivers"] or []] or None
+        try:
+            result = replay_events(ids, receiver_keys=keys)
+        except (LookupError, ValueError) as error:
+            raise CommandError(str(error)) from error
+        self.stdout.write(f"reopened: {result['reopened']}, added: {result['added']}")

@@ -1,0 +1,296 @@
+"""What an operator (or the application) does to rows: cancel, replay, requeue, dead letters.
+
+Every operation joins the caller's transaction when called inside one, locks the events
+it touches in primary-key order on PostgreSQL and MariaDB (so a cancel, a replay and a
+prune of the same event serialise), and wakes the relays once the work it made owed is
+committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections, router, transaction
+from django.db.models import QuerySet
+
+from . import clock
+from .codec import decode_event, get_codec
+from .declare import RegisteredReceiver, registry
+from .delivery.outcomes import receiver_lifetime_end
+from .delivery.wake import notify_relay
+from .firing import resolve_due, resolve_targets
+from .models import DeliveryRecord, DeliveryStatus, EventRecord
+
+REOPENABLE = (
+    DeliveryStatus.SUCCEEDED,
+    DeliveryStatus.DEAD,
+    DeliveryStatus.ORPHANED,
+    DeliveryStatus.CANCELLED,
+)
+CANCELLABLE = (DeliveryStatus.PENDING, DeliveryStatus.FAILED)
+
+
+def _alias() -> str:
+    return router.db_for_write(DeliveryRecord)
+
+
+def _ids(values: Iterable[Any] | None, what: str) -> list[int] | None:
+    if values is None:
+        return None
+    if isinstance(values, str | bytes):
+        raise TypeError(f"{what} takes a list of ids, not the string {values!r}.")
+    ids = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{what} takes integer ids; {value!r} is not one.")
+        ids.append(value)
+    return ids
+
+
+def lock_events(alias: str, event_ids: Iterable[int]) -> list[int]:
+    """Lock the events in primary-key order; returns the ids that exist."""
+    events = EventRecord.objects.using(alias).filter(pk__in=list(event_ids)).order_by("pk")
+    if connections[alias].features.has_select_for_update:
+        events = events.select_for_update()
+    return list(events.values_list("pk", flat=True))
+
+
+def _wake_on_commit(alias: str) -> None:
+    transaction.on_commit(lambda: notify_relay(using=alias), using=alias)
+
+
+def _reopened(row_receiver: RegisteredReceiver | None, due_at: datetime) -> dict[str, Any]:
+    """The fields that make a row owed again from ``due_at``, with a fresh budget."""
+    return {
+        "status": DeliveryStatus.PENDING,
+        "attempts": 0,
+        "available_at": due_at,
+        "due_at": due_at,
+        "expires_at": receiver_lifetime_end(row_receiver, due_at),
+        "claimed_by": "",
+        "claimed_at": None,
+        "lease_expires_at": None,
+        "last_error": "",
+        "completed_at": None,
+    }
+
+
+# cancel ------------------------------------------------------------------------
+
+
+def cancel_deliveries(
+    event_ids: Iterable[int],
+    *,
+    receiver_key: str | None = None,
+    delivery_ids: Iterable[int] | None = None,
+) -> dict[str, int]:
+    """Settle the owed rows of these events as cancelled, so no relay ever claims them.
+
+    Pending and failed rows are cancelled; a claimed row is left to the worker running it
+    and counted in ``in_flight``; settled rows keep their outcome.
+    """
+    events = _ids(event_ids, "cancel_deliveries(event_ids)") or []
+    only = _ids(delivery_ids, "cancel_deliveries(delivery_ids=)")
+    if receiver_key is not None and not isinstance(receiver_key, str):
+        raise TypeError(
+            f"cancel_deliveries(receiver_key=) takes a key string, not {receiver_key!r}."
+        )
+    alias = _alias()
+    with transaction.atomic(using=alias):
+        lock_events(alias, events)
+        rows = DeliveryRecord.objects.using(alias).filter(event_id__in=events)
+        if receiver_key is not None:
+            rows = rows.filter(receiver_key=receiver_key)
+        if only is not None:
+            rows = rows.filter(pk__in=only)
+        cancelled = rows.filter(status__in=CANCELLABLE).update(
+            status=DeliveryStatus.CANCELLED, completed_at=clock.now(), lease_expires_at=None
+        )
+        in_flight = rows.filter(status=DeliveryStatus.CLAIMED).count()
+    return {"cancelled": cancelled, "in_flight": in_flight}
+
+
+# replay ------------------------------------------------------------------------
+
+
+class EventsNotFound(LookupError):
+    """Some of the events asked for are not in the log (pruned, or never fired)."""
+
+
+def replay_events(
+    event_ids: Iterable[int], *, receiver_keys: Iterable[str] | None = None
+) -> dict[str, int]:
+    """Deliver these events again: reopen settled rows with a fresh budget, add missing ones.
+
+    Claimed rows are left alone, owed ones stay as they are. ``targets=`` are resolved
+    again (new targets added, ones no longer returned untouched) and ``due=`` too: a
+    reopened or added row is owed from the later of its due time and now.
+    """
+    events = _ids(event_ids, "replay_events(event_ids)") or []
+    keys = _check_keys(receiver_keys)
+    alias = _alias()
+    reopened = added = 0
+    with transaction.atomic(using=alias):
+        found = set(lock_events(alias, events))
+        missing = sorted(set(events) - found)
+        if missing:
+            raise EventsNotFound(
+                f"No event {', '.join(map(str, missing))} in the log: pruned, or never "
+                "fired. Nothing was replayed."
+            )
+        for record in EventRecord.objects.using(alias).filter(pk__in=events).order_by("pk"):
+            r, a = _replay_event(alias, record, keys)
+            reopened, added = reopened + r, added + a
+        if reopened or added:
+            _wake_on_commit(alias)
+    return {"reopened": reopened, "added": added}
+
+
+def _check_keys(receiver_keys: Iterable[str] | None) -> set[str] | None:
+    if receiver_keys is None:
+        return None
+    if isinstance(receiver_keys, str):
+        receiver_keys = [receiver_keys]
+    keys = set(receiver_keys)
+    for key in sorted(keys):
+        declared = registry.receiver(key)
+        if declared is None or not declared.durable:
+            raise ValueError(
+                f"{key!r} is not a durable receiver; replay takes the keys of declared "
+                "durable receivers (see manage.py export_catalogue)."
+            )
+    return keys
+
+
+def _replay_event(alias: str, record: EventRecord, keys: set[str] | None) -> tuple[int, int]:
+    registered = registry.event_named(record.name)
+    if registered is None:
+        raise LookupError(
+            f"Event #{record.pk} is a {record.name!r}, which is no longer declared; "
+            "declare it again to replay it."
+        )
+    evt = decode_event(
+        get_codec(),
+        registered.event_class,
+        record.payload,
+        stored_version=record.version,
+        current_version=registered.version,
+        upgrade=registered.upgrade,
+    )
+    now = clock.now()
+    reopened = added = 0
+    existing = {
+        (row.receiver_key, row.target): row
+        for row in DeliveryRecord.objects.using(alias).filter(event_id=record.pk)
+    }
+    for declared in registry.receivers_for(registered.event_class):
+        if not declared.durable or (keys is not None and declared.key not in keys):
+            continue
+        due_at = max(resolve_due(declared, evt, record.occurred_at, record.recorded_at), now)
+        fresh = []
+        for target in resolve_targets(record, evt, declared):
+            row = existing.get((declared.key, target))
+            if row is None:
+                fresh.append(
+                    DeliveryRecord(
+                        event_id=record.pk,
+                        receiver_key=declared.key,
+                        target=target,
+                        max_attempts=declared.max_attempts,
+                        **_reopened(declared, due_at),
+                    )
+                )
+            elif row.status in REOPENABLE:
+                reopened += (
+                    DeliveryRecord.objects.using(alias)
+                    .filter(pk=row.pk, status=row.status)
+                    .update(max_attempts=declared.max_attempts, **_reopened(declared, due_at))
+                )
+        DeliveryRecord.objects.using(alias).bulk_create(fresh)
+        added += len(fresh)
+    return reopened, added
+
+
+# requeue and dead letters -------------------------------------------------------
+
+
+def dead_letters(
+    *,
+    receiver_key: str | None = None,
+    event_name: str | None = None,
+    older_than: timedelta | None = None,
+) -> QuerySet[DeliveryRecord]:
+    """Dead rows, oldest death first, with their events; narrowed by the arguments."""
+    rows = DeliveryRecord.objects.using(_alias()).filter(status=DeliveryStatus.DEAD)
+    if receiver_key is not None:
+        rows = rows.filter(receiver_key=receiver_key)
+    if event_name is not None:
+        rows = rows.filter(event__name=event_name)
+    if older_than is not None:
+        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+            raise ValueError(f"older_than must be a timedelta >= 0, not {older_than!r}.")
+        rows = rows.filter(completed_at__lte=clock.now() - older_than)
+    return rows.select_related("event").order_by("completed_at", "pk")
+
+
+def requeue_dead(
+    *,
+    receiver_key: str | None = None,
+    delivery_ids: Iterable[int] | None = None,
+    limit: int | None = None,
+) -> int:
+    """Make dead rows owed now with a fresh attempt budget; returns how many."""
+    only = _ids(delivery_ids, "requeue_dead(delivery_ids=)")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"requeue_dead(limit=) must be an int >= 0 or None, not {limit!r}.")
+    if limit == 0:
+        return 0
+    alias = _alias()
+    with transaction.atomic(using=alias):
+        rows = dead_letters(receiver_key=receiver_key)
+        if only is not None:
+            rows = rows.filter(pk__in=only)
+        chosen = list(rows.order_by("pk").values_list("pk", "event_id", "receiver_key")[:limit])
+        lock_events(alias, sorted({event_id for _, event_id, _ in chosen}))
+        now = clock.now()
+        requeued = 0
+        for key, ids in _by_key(chosen).items():
+            requeued += (
+                DeliveryRecord.objects.using(alias)
+                .filter(pk__in=ids, status=DeliveryStatus.DEAD)
+                .update(**_reopened(registry.receiver(key), now))
+            )
+        if requeued:
+            _wake_on_commit(alias)
+    return requeued
+
+
+def _by_key(rows: Sequence[tuple[int, int, str]]) -> dict[str, list[int]]:
+    grouped: dict[str, list[int]] = {}
+    for pk, _, key in rows:
+        grouped.setdefault(key, []).append(pk)
+    return grouped
+
+
+def purge_dead(
+    *,
+    receiver_key: str | None = None,
+    event_name: str | None = None,
+    older_than: timedelta | None = None,
+    all: bool = False,  # noqa: A002 - the public name
+) -> int:
+    """Delete dead rows; refuses to delete every dead row unless ``all=True``."""
+    if receiver_key is None and event_name is None and older_than is None and not all:
+        raise ValueError(
+            "purge_dead() with no receiver_key, event_name or older_than would delete every "
+            "dead letter; narrow it, or pass all=True."
+        )
+    rows = dead_letters(receiver_key=receiver_key, event_name=event_name, older_than=older_than)
+    count, _ = (
+        DeliveryRecord.objects.using(_alias())
+        .filter(pk__in=list(rows.values_list("pk", flat=True)))
+        .delete()
+    )
+    return count

@@ -1,0 +1,88 @@
+"""The root exports the public contract names, and none is shadowed by a submodule."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import types
+
+import django_domain_events
+
+CONTRACT = [
+    "event",
+    "receiver",
+    "AnyEvent",
+    "registry",
+    "Registry",
+    "RegisteredEvent",
+    "RegisteredReceiver",
+    "DeliveryMode",
+    "DURABLE",
+    "INLINE",
+    "ON_COMMIT",
+    "Retention",
+    "fire",
+    "attributed",
+    "current_scope",
+    "suppressed",
+    "caused_by",
+    "causing_event_id",
+    "propagate_scope",
+    "Scope",
+    "run_relay",
+    "deliver_one",
+    "deliver_pending",
+    "claim_batch",
+    "backoff",
+    "notify_relay",
+    "DeliveryContext",
+    "DeliveryFailure",
+    "DeliveryStatus",
+    "PermanentFailure",
+    "RetryAfter",
+    "NotYet",
+    "TaskBackend",
+    "Exponential",
+    "Constant",
+    "Linear",
+    "cancel_deliveries",
+    "replay_events",
+    "requeue_dead",
+    "prune_events",
+    "dead_letters",
+    "purge_dead",
+    "outbox_health",
+    "OutboxHealth",
+    "ReceiverBacklog",
+    "LaneBacklog",
+    "LanePause",
+    "quiet_receivers",
+    "QuietReceiver",
+    "catalogue",
+    "render_catalogue",
+    "Catalogue",
+    "CatalogueEvent",
+    "CatalogueField",
+    "CatalogueReceiver",
+    "what_listens_to",
+    "listens_for",
+    "PayloadCodec",
+    "DataclassCodec",
+    "UnsupportedPayloadType",
+    "PayloadUpgradeFailed",
+    "drain_outbox",
+    "assert_fired",
+    "__version__",
+]
+
+
+def test_every_contract_name_is_exported_and_documented() -> None:
+    for module in pkgutil.walk_packages(django_domain_events.__path__, "django_domain_events."):
+        if ".management.commands." not in module.name and ".migrations" not in module.name:
+            importlib.import_module(module.name)
+    for name in CONTRACT:
+        value = getattr(django_domain_events, name)
+        assert not isinstance(value, types.ModuleType), f"{name} is shadowed by a submodule"
+        if name != "__version__" and callable(value) and not isinstance(value, str):
+            assert getattr(value, "__doc__", None), f"{name} has no docstring"
+    assert set(CONTRACT) <= set(django_domain_events.__all__)
