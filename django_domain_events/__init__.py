@@ -72,12 +72,12 @@ _EXPORTS: dict[str, str] = {
     "LanePause": "introspect",
     "quiet_receivers": "introspect",
     "QuietReceiver": "introspect",
-    "catalogue": "catalogue",
-    "render_catalogue": "catalogue",
-    "Catalogue": "catalogue",
-    "CatalogueEvent": "catalogue",
-    "CatalogueField": "catalogue",
-    "CatalogueReceiver": "catalogue",
+    "catalogue": "cataloguing",
+    "render_catalogue": "cataloguing",
+    "Catalogue": "cataloguing",
+    "CatalogueEvent": "cataloguing",
+    "CatalogueField": "cataloguing",
+    "CatalogueReceiver": "cataloguing",
     "what_listens_to": "introspect",
     "listens_for": "introspect",
     # Testing
@@ -98,7 +98,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
-    from .catalogue import (
+    from .cataloguing import (
         Catalogue,
         CatalogueEvent,
         CatalogueField,

@@ -1,24 +1,44 @@
-"""System checks (``manage.py check``): settings, declarations and rows nobody can deliver."""
+"""System checks (``manage.py check``): settings, declarations and rows nobody can deliver.
+
+Each message names what is wrong and its hint says what to do.
+"""
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from django.conf import settings as django_settings
 from django.core import checks
 from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections
 
 from . import conf
+from .declare import registry
+from .models import OWED_VALUES, DeliveryRecord
 
 
 @register(Tags.compatibility)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Every problem with ``DJANGO_DOMAIN_EVENTS``, one error each."""
+    """Every problem with ``DJANGO_DOMAIN_EVENTS``, one error each, and a misspelt name."""
     raw = getattr(django_settings, conf.SETTINGS_NAME, {})
-    return [
+    found: list[CheckMessage] = [
         Error(problem, hint="See docs/settings.md.", id="django_domain_events.E001")
         for problem in conf.problems(raw)
     ]
+    if not hasattr(django_settings, conf.SETTINGS_NAME):
+        names = [n for n in dir(django_settings) if n.isupper()]
+        for close in difflib.get_close_matches(conf.SETTINGS_NAME, names, n=1, cutoff=0.75):
+            found.append(
+                Error(
+                    f"settings.{close} looks like a misspelling of {conf.SETTINGS_NAME}; "
+                    "this package ignores it and runs on its defaults.",
+                    hint=f"Rename it to {conf.SETTINGS_NAME}.",
+                    id="django_domain_events.E002",
+                )
+            )
+    return found
 
 
 @register(Tags.compatibility)
@@ -27,22 +47,89 @@ def check_wake(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     raw = getattr(django_settings, conf.SETTINGS_NAME, {})
     if conf.problems(raw) or conf.get().WAKE != "notify":
         return []
-    from django.db import connections
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
+    return [
+        checks.Warning(
+            f"Database {alias!r} uses psycopg2, so relays cannot LISTEN and will find new "
+            "work only on their poll (POLL_SECONDS).",
+            hint="Install psycopg 3 (pip install 'psycopg[binary]'), or set WAKE='poll' to "
+            "say polling is intended.",
+            id="django_domain_events.W001",
+        )
+        for alias in connections
+        if connections[alias].vendor == "postgresql" and not is_psycopg3
+    ]
+
+
+@register(Tags.compatibility)
+def check_declarations(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Receivers of classes that are not events; a codec that cannot rebuild an event."""
     found: list[CheckMessage] = []
-    for alias in connections:
-        if connections[alias].vendor != "postgresql":
-            continue
-        from django.db.backends.postgresql.psycopg_any import is_psycopg3
-
-        if not is_psycopg3:
+    for declared in registry.receivers:
+        if not declared.wildcard and registry.event_for_class(declared.event_class) is None:
             found.append(
-                checks.Warning(
-                    f"Database {alias!r} uses psycopg2, so relays cannot LISTEN and will "
-                    "find new work only on their poll (POLL_SECONDS).",
-                    hint="Install psycopg 3 (pip install 'psycopg[binary]'), or set "
-                    "WAKE='poll' to say polling is intended.",
-                    id="django_domain_events.W001",
+                Error(
+                    f"Receiver {declared.key!r} is declared for "
+                    f"{declared.event_class.__qualname__}, which is not a declared event.",
+                    hint="Decorate the class with @event, or declare the receiver for an event.",
+                    id="django_domain_events.E003",
                 )
             )
+    if conf.problems(getattr(django_settings, conf.SETTINGS_NAME, {})):
+        return found
+    from .codec import get_codec
+
+    try:
+        codec = get_codec()
+    except ImproperlyConfigured as error:
+        return [
+            *found,
+            Error(str(error), hint="Fix the CODEC setting.", id="django_domain_events.E004"),
+        ]
+    problems = getattr(codec, "problems", None)
+    if problems is None:
+        return found
+    for declared_event in registry.events:
+        for problem in problems(declared_event.event_class):
+            found.append(
+                Error(
+                    f"The codec cannot rebuild {declared_event.name}: {problem}",
+                    hint="Change the field's type to one the codec supports, or the CODEC.",
+                    id="django_domain_events.E005",
+                )
+            )
+    return found
+
+
+@register(Tags.database)
+def check_rows(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Owed rows nobody can deliver: their receiver or their event is no longer declared."""
+    if not databases:
+        return []
+    known_keys = {r.key for r in registry.receivers if r.durable}
+    known_names = {e.name for e in registry.events}
+    owed = DeliveryRecord.objects.filter(status__in=OWED_VALUES)
+    try:
+        keys = set(owed.values_list("receiver_key", flat=True).distinct())
+        names = set(owed.values_list("event__name", flat=True).distinct())
+    except DatabaseError:
+        return []  # not migrated yet: migrate says so
+    found: list[CheckMessage] = []
+    for key in sorted(keys - known_keys):
+        found.append(
+            checks.Warning(
+                f"Owed deliveries name receiver {key!r}, which is not declared as durable.",
+                hint="Restore the receiver, or let the relay record the rows orphaned.",
+                id="django_domain_events.W002",
+            )
+        )
+    for name in sorted(names - known_names):
+        found.append(
+            checks.Warning(
+                f"Owed deliveries belong to events named {name!r}, which is not declared.",
+                hint="Declare the event again (@event(name=...)); otherwise the rows die.",
+                id="django_domain_events.W003",
+            )
+        )
     return found

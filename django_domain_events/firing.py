@@ -35,7 +35,7 @@ from .delivery.relay import default_worker_id, deliver_one
 from .delivery.run import call_receiver
 from .delivery.wake import notify_relay
 from .models import DeliveryRecord, DeliveryStatus, EventRecord
-from .scope import caused_by, current_cause, current_scope, suppression_for
+from .scope import Cause, caused_by, current_cause, current_scope, suppression_for
 
 logger = logging.getLogger("django_domain_events.fire")
 
@@ -76,7 +76,7 @@ def fire(
         )
     recorded_at = clock.now()
     occurred = clock.accept(occurred_at, what="fire(occurred_at=)") if occurred_at else recorded_at
-    record = _event_row(registered, evt, occurred, recorded_at, dedupe_key, suppression)
+    record = _event_row(registered, evt, occurred, recorded_at, dedupe_key, suppression, alias)
     with transaction.atomic(using=alias, savepoint=False):
         existing = _insert_event(alias, record)
         if existing is not None:
@@ -115,6 +115,7 @@ def _event_row(
     recorded_at: datetime,
     dedupe_key: str | None,
     suppression: tuple[str, bool] | None,
+    alias: str,
 ) -> EventRecord:
     scope = current_scope()
     cause = current_cause()
@@ -129,7 +130,7 @@ def _event_row(
         actor_key=scope.actor_key,
         actor_label=scope.actor_label,
         scope=scope.values,
-        correlation_id=cause.correlation_id if cause else uuid.uuid4().hex,
+        correlation_id=_correlation(alias, cause),
         causation_id=cause.event_id if cause else None,
         dedupe_key=dedupe_key,
         suppressed_reason=suppression[0] if suppression else "",
@@ -139,6 +140,21 @@ def _event_row(
         delete_when=retention.value if isinstance(retention, Retention) else "",
         prune_after=recorded_at + retention if isinstance(retention, timedelta) else None,
     )
+
+
+def _correlation(alias: str, cause: Cause | None) -> str:
+    """The chain's correlation id: the cause's, or a new one for a root event."""
+    if cause is None:
+        return uuid.uuid4().hex
+    if cause.correlation_id:
+        return cause.correlation_id
+    causing = (
+        EventRecord.objects.using(alias)
+        .filter(pk=cause.event_id)
+        .values_list("correlation_id", flat=True)
+        .first()
+    )
+    return causing or str(cause.event_id)
 
 
 def _insert_event(alias: str, record: EventRecord) -> int | None:

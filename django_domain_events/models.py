@@ -126,6 +126,12 @@ class DeliveryRecord(models.Model):
                 name="dde_delivery_dead",
                 condition=Q(status=DeliveryStatus.DEAD),
             ),
+            # Rows with a lifetime, by its end: the relay's sweep of expired rows.
+            models.Index(
+                fields=["expires_at"],
+                name="dde_delivery_expiry",
+                condition=Q(status__in=OWED_VALUES, expires_at__isnull=False),
+            ),
             # Each receiver's newest success, for quiet_receivers().
             models.Index(
                 fields=["receiver_key", "succeeded_at"],

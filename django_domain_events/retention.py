@@ -46,6 +46,9 @@ def prune_events(
         raise ValueError(f"prune_events(limit=) must be >= 0 or None, not {limit!r}.")
     moment = clock.normalize(now) if now is not None else clock.now()
     window = older_than if older_than is not None else timedelta(days=settings.RETENTION_DAYS)
+    if settings.DEAD_LETTER_TTL_SECONDS is not None:
+        cutoff = moment - timedelta(seconds=settings.DEAD_LETTER_TTL_SECONDS)
+        _delete_old_dead_letters(cutoff, rows_per_batch)
     deleted = 0
     while limit is None or deleted < limit:
         room = rows_per_batch if limit is None else min(rows_per_batch, limit - deleted)
@@ -130,3 +133,22 @@ def remember_successes(alias: str, event_ids: Sequence[int]) -> None:
             ReceiverMark.objects.using(alias).filter(pk=mark.pk).update(
                 last_succeeded_at=row["last"]
             )
+
+
+def _delete_old_dead_letters(cutoff: datetime, rows_per_batch: int) -> int:
+    """Delete dead rows that died before ``cutoff`` (``DEAD_LETTER_TTL_SECONDS``)."""
+    alias = router.db_for_write(DeliveryRecord)
+    dead = DeliveryRecord.objects.using(alias).filter(
+        status=DeliveryStatus.DEAD, completed_at__lte=cutoff
+    )
+    deleted = 0
+    while True:
+        batch = list(dead.order_by("pk").values_list("pk", "event_id")[:rows_per_batch])
+        if not batch:
+            return deleted
+        with transaction.atomic(using=alias):
+            events = EventRecord.objects.using(alias).filter(pk__in={e for _, e in batch})
+            if connections[alias].features.has_select_for_update:
+                list(events.order_by("pk").select_for_update().values_list("pk", flat=True))
+            count, _ = dead.filter(pk__in=[pk for pk, _ in batch]).delete()
+        deleted += count

@@ -37,7 +37,10 @@ class _Suppression:
 
 @dataclass(frozen=True)
 class Cause:
-    """The event being handled: its id becomes ``causation_id``, its chain the correlation."""
+    """The event being handled: its id becomes ``causation_id``, its chain the correlation.
+
+    An empty ``correlation_id`` means "the causing event's", looked up when firing.
+    """
 
     event_id: int
     correlation_id: str
@@ -121,10 +124,13 @@ def suppression_for(cls: type) -> tuple[str, bool] | None:
 
 @contextmanager
 def caused_by(event_id: int, correlation_id: str | None = None) -> Iterator[None]:
-    """Mark the events fired inside as caused by ``event_id``."""
+    """Mark the events fired inside as caused by ``event_id``, in its correlation chain.
+
+    Without ``correlation_id``, ``fire()`` reads the causing event's own (one query).
+    """
     if isinstance(event_id, bool) or not isinstance(event_id, int):
         raise TypeError(f"caused_by() takes an event id (int), not {event_id!r}.")
-    token = _cause.set(Cause(event_id, correlation_id or str(event_id)))
+    token = _cause.set(Cause(event_id, correlation_id or ""))
     try:
         yield
     finally:

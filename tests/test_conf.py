@@ -68,3 +68,67 @@ def test_psycopg2_with_notify_is_reported(monkeypatch: pytest.MonkeyPatch) -> No
     assert warnings and "POLL_SECONDS" in warnings[0].msg
     with override_settings(DJANGO_DOMAIN_EVENTS={"WAKE": "poll"}):
         assert not [e for e in run_checks() if e.id == "django_domain_events.W001"]
+
+
+def test_a_misspelt_settings_name_is_reported() -> None:
+    from django.conf import settings
+
+    with override_settings(DJANGO_DOMAIN_EVENT={"BATCH_SIZE": 5}):
+        del settings.DJANGO_DOMAIN_EVENTS
+        try:
+            errors = [e for e in run_checks() if e.id == "django_domain_events.E002"]
+        finally:
+            settings.DJANGO_DOMAIN_EVENTS = {"WARN_OUTSIDE_ATOMIC": True}
+    assert errors and "DJANGO_DOMAIN_EVENT looks like a misspelling" in errors[0].msg
+
+
+def test_a_codec_that_cannot_rebuild_an_event_is_reported() -> None:
+    from dataclasses import dataclass
+
+    from django_domain_events import event, registry
+
+    @event(name="t.Unsupported")
+    @dataclass(frozen=True)
+    class Unsupported:
+        data: dict  # type: ignore[type-arg]
+
+    try:
+        errors = [e for e in run_checks() if e.id == "django_domain_events.E005"]
+        assert errors and "t.Unsupported" in errors[0].msg and "data" in errors[0].msg
+        with override_settings(DJANGO_DOMAIN_EVENTS={"CODEC": "no.such.Codec"}):
+            assert [e for e in run_checks() if e.id == "django_domain_events.E004"]
+    finally:
+        registry._events_by_name.pop("t.Unsupported")
+        registry._events_by_class.pop(Unsupported)
+
+
+def test_a_receiver_of_an_undeclared_class_is_reported() -> None:
+    from dataclasses import dataclass
+
+    from django_domain_events import event, receiver, registry
+
+    @event(name="t.Temporary")
+    @dataclass(frozen=True)
+    class Temporary:
+        n: int = 0
+
+    receiver(Temporary, key="t.orphan_receiver")(lambda evt: None)
+    registry._events_by_name.pop("t.Temporary")
+    registry._events_by_class.pop(Temporary)
+    errors = [e for e in run_checks() if e.id == "django_domain_events.E003"]
+    assert errors and "t.orphan_receiver" in errors[0].msg
+
+
+@pytest.mark.django_db
+def test_owed_rows_nobody_can_deliver_are_reported() -> None:
+    from django_domain_events import receiver, registry
+    from tests.app.events import OrderPlaced
+
+    receiver(OrderPlaced, key="t.leaving")(lambda evt: None)
+    with transaction.atomic():
+        event_id = fire(OrderPlaced(order_id=1))
+    registry.forget("t.leaving")
+    EventRecord.objects.filter(pk=event_id).update(name="testapp.Renamed")
+    found = {e.id: e.msg for e in run_checks(databases=["default"])}
+    assert "'t.leaving'" in found["django_domain_events.W002"]
+    assert "'testapp.Renamed'" in found["django_domain_events.W003"]

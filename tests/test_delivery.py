@@ -448,3 +448,41 @@ def test_draining_an_unbounded_failing_receiver_attempts_it_once_per_call() -> N
     assert drain_outbox()[DeliveryStatus.FAILED] == 1
     assert calls == [1]
     assert row_for(event_id).status == DeliveryStatus.FAILED
+
+
+def test_an_uncounted_deferral_without_give_up_after_ends_in_a_dead_letter() -> None:
+    told: list[DeliveryFailure] = []
+    receiver(OrderPlaced, key="t.counted", max_attempts=2, on_failure=told.append)(
+        lambda evt: (_ for _ in ()).throw(RetryAfter(1, reason="busy", counts=False))
+    )
+    event_id = fire_committed(OrderPlaced(order_id=1))
+    counts = drain_outbox()
+    assert (counts[DeliveryStatus.FAILED], counts[DeliveryStatus.DEAD]) == (1, 1)
+    row = row_for(event_id)
+    assert (row.status, row.attempts) == (DeliveryStatus.DEAD, 2)
+    assert row.last_error == "RetryAfter: busy"
+    assert [f.status for f in told] == ["failed", "dead"]
+    assert isinstance(told[-1].error, RetryAfter)
+
+
+def test_any_exception_while_decoding_is_a_dead_letter_not_a_crash() -> None:
+    from dataclasses import dataclass
+
+    from django_domain_events import event
+
+    @event(name="t.Strict")
+    @dataclass(frozen=True)
+    class Strict:
+        n: int = 0
+
+        def __post_init__(self) -> None:
+            if self.n < 0:
+                raise ValueError("n must not be negative")
+
+    receiver(Strict, key="t.strict")(lambda evt: None)
+    event_id = fire_committed(Strict(n=1))
+    EventRecord.objects.filter(pk=event_id).update(payload={"n": -1})
+    assert drain_outbox()[DeliveryStatus.DEAD] == 1
+    row = row_for(event_id)
+    assert "could not be decoded into t.Strict" in row.last_error
+    assert "n must not be negative" in row.last_error

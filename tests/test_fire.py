@@ -367,3 +367,16 @@ def test_fire_with_one_receiver_is_two_queries() -> None:
     with transaction.atomic(), CaptureQueriesContext(connection) as queries:
         fire(OrderShipped(order_id=1, carrier="ups"))
     assert len(queries) == 2
+
+
+def test_caused_by_alone_joins_the_causing_events_correlation_chain() -> None:
+    with transaction.atomic():
+        root = fire(Pinged())
+        with caused_by(root):
+            child = fire(Pinged(n=1))
+        with caused_by(child, correlation_id="req-42"):
+            other = fire(Pinged(n=2))
+    rows = {r.pk: r for r in EventRecord.objects.all()}
+    assert rows[child].correlation_id == rows[root].correlation_id
+    assert rows[child].causation_id == root
+    assert rows[other].correlation_id == "req-42"

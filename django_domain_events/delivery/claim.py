@@ -275,7 +275,8 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
         lease_expires_at=args.lease_end,
         available_at=args.lease_end,
     )
-    return _held(alias, replace(args, ids=picked))
+    order = {pk: index for index, pk in enumerate(picked)}
+    return sorted(_held(alias, replace(args, ids=picked)), key=lambda claim: order[claim.id])
 
 
 def _held(alias: str, args: _ClaimArgs) -> list[Claim]:

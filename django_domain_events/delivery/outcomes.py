@@ -140,6 +140,7 @@ def decide(
     max_attempts: int | None,
     due_at: datetime,
     now: datetime,
+    expires_at: datetime | None = None,
 ) -> Outcome:
     """The row's fate after ``error`` ended attempt number ``attempt`` at ``now``."""
     if isinstance(error, NotYet):
@@ -154,7 +155,15 @@ def decide(
     if isinstance(error, PermanentFailure):
         return Outcome(DeliveryStatus.DEAD, spent=True, last_error=message)
     if isinstance(error, RetryAfter) and not error.counts:
-        return _deferral(receiver, error, attempt=attempt, due_at=due_at, now=now)
+        return _deferral(
+            receiver,
+            error,
+            attempt=attempt,
+            max_attempts=max_attempts,
+            due_at=due_at,
+            now=now,
+            expires_at=expires_at,
+        )
     warnings: tuple[str, ...] = ()
     if isinstance(error, RetryAfter):
         delay, warnings = _capped(error.seconds, receiver)
@@ -170,10 +179,17 @@ def decide(
         delay = float(wanted)
     if max_attempts is not None and attempt >= max_attempts:
         return Outcome(DeliveryStatus.DEAD, spent=True, last_error=message, warnings=warnings)
+    retry_at = now + timedelta(seconds=max(delay, 0.0))
+    if expires_at is not None and retry_at >= expires_at:
+        # The next attempt would come after the row's lifetime: it ends here.
+        reason = expired_reason(receiver, expires_at)
+        return Outcome(
+            DeliveryStatus.DEAD, spent=True, last_error=f"{reason} Last error: {message}"
+        )
     return Outcome(
         DeliveryStatus.FAILED,
         spent=True,
-        available_at=now + timedelta(seconds=max(delay, 0.0)),
+        available_at=retry_at,
         last_error=message,
         warnings=warnings,
     )
@@ -197,8 +213,10 @@ def _deferral(
     error: RetryAfter,
     *,
     attempt: int,
+    max_attempts: int | None,
     due_at: datetime,
     now: datetime,
+    expires_at: datetime | None,
 ) -> Outcome:
     """``RetryAfter(counts=False)``: unspent, jittered upward, bounded by ``give_up_after``."""
     message = describe_error(error)
@@ -213,7 +231,13 @@ def _deferral(
             )
         counted = RetryAfter(error.seconds, error.reason, counts=True)
         outcome = decide(
-            receiver, counted, attempt=attempt, max_attempts=None, due_at=due_at, now=now
+            receiver,
+            counted,
+            attempt=attempt,
+            max_attempts=max_attempts,
+            due_at=due_at,
+            now=now,
+            expires_at=expires_at,
         )
         return Outcome(**{**outcome.__dict__, "warnings": warnings + outcome.warnings})
     if now - due_at >= receiver.give_up_after:
@@ -244,3 +268,17 @@ def receiver_lifetime_end(receiver: RegisteredReceiver | None, due_at: datetime)
             return None
         ttl = timedelta(seconds=seconds)
     return due_at + ttl
+
+
+def expired_reason(receiver: RegisteredReceiver | None, expires_at: datetime) -> str:
+    """``last_error`` of a row that outlived its lifetime: starts ``expired:``, names the ttl."""
+    ttl = receiver.ttl if receiver is not None and receiver.ttl is not None else None
+    if ttl is None:
+        seconds = conf.get().MESSAGE_TTL_SECONDS
+        source = f"MESSAGE_TTL_SECONDS={seconds:g}" if seconds is not None else "its lifetime"
+    else:
+        source = f"ttl={ttl}"
+    return (
+        f"expired: still owed when its lifetime ({source}) ended at {expires_at.isoformat()}; "
+        "it was dead-lettered without running again."
+    )

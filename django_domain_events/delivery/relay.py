@@ -33,7 +33,7 @@ from .claim import (
     release_held,
     take_over,
 )
-from .run import attempt, record_failure
+from .run import attempt, expire_overdue, record_failure
 from .run import logger as delivery_logger
 from .tasks import hand_off
 from .wake import Listener, wakes_by_notify
@@ -357,7 +357,7 @@ def _loop(
     settings = conf.get()
     alias = database_alias()
     listener = Listener(alias) if wakes_by_notify(alias) else None
-    outage_pause = settings.POLL_SECONDS
+    outage_pause = min(settings.POLL_SECONDS, 2.0)
     last_prune = float("-inf")
     done = 0
     try:
@@ -374,7 +374,7 @@ def _loop(
                         break
                     size = _batch_size(name, batch_size, lane_batch_sizes)
                     claimed += run_lane_batch(state, name, size, room)
-                outage_pause = settings.POLL_SECONDS
+                outage_pause = min(settings.POLL_SECONDS, 2.0)
             except (DatabaseError, InterfaceError) as error:
                 logger.warning(
                     "Relay %s lost the database (%s); retrying in %.1fs.",
@@ -392,21 +392,28 @@ def _loop(
                 break
             if claimed or state.stop() or (passes is not None and done >= passes):
                 continue
-            prune_due = time.monotonic() - last_prune >= settings.RELAY_PRUNE_SECONDS
-            if prune is not None and settings.RELAY_PRUNE and prune_due:
+            prune_now = (
+                prune is not None
+                and settings.RELAY_PRUNE
+                and time.monotonic() - last_prune >= settings.RELAY_PRUNE_SECONDS
+            )
+            if prune_now:
                 last_prune = time.monotonic()
-                _idle_prune(prune)
+            _idle_work(prune if prune_now else None)
             _wait(listener, settings.POLL_SECONDS, state)
     finally:
         _close(alias, listener)
     return state.counts
 
 
-def _idle_prune(prune: Callable[[], object]) -> None:
+def _idle_work(prune: Callable[[], object] | None) -> None:
+    """What a relay does when a pass found nothing: expire overdue rows, maybe prune."""
     try:
-        prune()
+        expire_overdue()
+        if prune is not None:
+            prune()
     except Exception:
-        logger.exception("The relay's idle prune failed; it will try again later.")
+        logger.exception("The relay's idle work (expiry sweep, prune) failed; it will retry.")
 
 
 def _wait(listener: Listener | None, poll: float, state: _Pass) -> None:

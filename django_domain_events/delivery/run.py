@@ -30,6 +30,7 @@ from .outcomes import (
     Outcome,
     decide,
     describe_error,
+    expired_reason,
 )
 
 logger = logging.getLogger("django_domain_events.delivery")
@@ -149,15 +150,8 @@ def attempt(
             receiver=None,
         )
     if claim.expires_at is not None and now >= claim.expires_at:
-        return _settle_unrun(
-            alias,
-            claim,
-            DeliveryStatus.DEAD,
-            f"expired: owed past the end of its lifetime at {claim.expires_at.isoformat()} "
-            f"(ttl={receiver.ttl or timedelta(seconds=conf.get().MESSAGE_TTL_SECONDS or 0)}); "
-            "it never ran after that.",
-            receiver=receiver,
-        )
+        reason = expired_reason(receiver, claim.expires_at)
+        return _settle_unrun(alias, claim, DeliveryStatus.DEAD, reason, receiver)
     if claim.max_attempts is not None and claim.attempts >= claim.max_attempts:
         return _settle_unrun(
             alias,
@@ -169,8 +163,11 @@ def attempt(
         )
     try:
         evt = _decode(claim, decoded)
-    except (LookupError, PayloadDecodeError, PayloadUpgradeFailed) as error:
-        return _settle_unrun(alias, claim, DeliveryStatus.DEAD, describe_error(error), receiver)
+    except Exception as error:  # any payload that cannot become the event: dead, unrun
+        reason = describe_error(error)
+        if not isinstance(error, LookupError | PayloadDecodeError | PayloadUpgradeFailed):
+            reason = f"the payload could not be decoded into {claim.event_name}: {reason}"
+        return _settle_unrun(alias, claim, DeliveryStatus.DEAD, reason, receiver)
     ctx = context_for(claim)
     claim = _extend_lease(alias, claim, receiver)
     try:
@@ -277,6 +274,7 @@ def record_failure(
         max_attempts=claim.max_attempts,
         due_at=claim.due_at,
         now=moment,
+        expires_at=claim.expires_at,
     )
     for message in outcome.warnings:
         logger.warning(message)
@@ -346,3 +344,54 @@ def _warn_lease_lost(claim: Claim, receiver: RegisteredReceiver | None) -> None:
         claim.claimed_by,
     )
     del receiver
+
+
+def expire_overdue(*, now: datetime | None = None, limit: int = 500) -> int:
+    """Dead-letter owed rows past their lifetime that no claim has looked at yet.
+
+    The relay runs this when idle, so a row nobody claims (its lane unserved, its backoff
+    longer than its life) does not sit owed after it expired. Tells ``on_failure``.
+    """
+    moment = now if now is not None else clock.now()
+    alias = database_alias()
+    overdue = (
+        DeliveryRecord.objects.using(alias)
+        .filter(status__in=(DeliveryStatus.PENDING, DeliveryStatus.FAILED), expires_at__lte=moment)
+        .select_related("event")
+        .order_by("expires_at")[:limit]
+    )
+    expired = 0
+    for row in overdue:
+        receiver = registry.receiver(row.receiver_key)
+        if row.expires_at is None:  # narrowed by the filter; keeps the type checker honest
+            continue
+        reason = expired_reason(receiver, row.expires_at)
+        settled = (
+            DeliveryRecord.objects.using(alias)
+            .filter(pk=row.pk, status=row.status, expires_at=row.expires_at)
+            .update(status=DeliveryStatus.DEAD, last_error=reason, completed_at=clock.now())
+        )
+        if not settled:
+            continue
+        expired += 1
+        logger.warning(
+            "Delivery %s of %s #%s to %s expired unrun; now dead: %s",
+            row.pk,
+            row.event.name,
+            row.event_id,
+            row.receiver_key,
+            reason,
+        )
+        if receiver is not None and receiver.on_failure is not None:
+            failure = DeliveryFailure(
+                delivery_id=row.pk,
+                event_id=row.event_id,
+                event_name=row.event.name,
+                receiver_key=row.receiver_key,
+                target=row.target,
+                attempt=row.attempts,
+                status=DeliveryStatus.DEAD,
+                error=RuntimeError(reason),
+            )
+            call_hook(receiver.on_failure, failure)
+    return expired

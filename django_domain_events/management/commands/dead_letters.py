@@ -1,0 +1,76 @@
+"""``manage.py dead_letters dump|retry|purge``: the dead-letter queue from the shell."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ...operations import dead_letters, purge_dead, requeue_dead
+from ..arguments import known_receiver, non_negative
+
+
+class Command(BaseCommand):
+    help = "Dump dead letters as JSON lines, retry them, or purge them."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        actions = parser.add_subparsers(dest="action", required=True, metavar="dump|retry|purge")
+        dump = actions.add_parser("dump", help="One JSON object per dead letter, one per line.")
+        dump.add_argument("--receiver", metavar="KEY")
+        dump.add_argument("--event-name", metavar="NAME")
+        retry = actions.add_parser("retry", help="Requeue dead letters (requeue_dead).")
+        retry.add_argument("--receiver", metavar="KEY")
+        retry.add_argument("--limit", type=int)
+        purge = actions.add_parser("purge", help="Delete dead letters; needs a scope or --all.")
+        purge.add_argument("--receiver", metavar="KEY")
+        purge.add_argument("--event-name", metavar="NAME")
+        purge.add_argument("--older-than", type=float, metavar="DAYS")
+        purge.add_argument("--all", action="store_true", dest="everything")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        key = options.get("receiver")
+        if key is not None:
+            known_receiver(key)
+        if options["action"] == "dump":
+            self._dump(key, options.get("event_name"))
+        elif options["action"] == "retry":
+            total = dead_letters(receiver_key=key).count()
+            count = requeue_dead(receiver_key=key, limit=non_negative(options["limit"], "--limit"))
+            self.stdout.write(f"Total dead letters: {total}")
+            self.stdout.write(f"Retrying: {count}/{total}")
+        else:
+            self._purge(key, options)
+
+    def _dump(self, key: str | None, event_name: str | None) -> None:
+        for row in dead_letters(receiver_key=key, event_name=event_name).iterator():
+            record = {
+                "delivery_id": row.pk,
+                "event_id": row.event_id,
+                "event_name": row.event.name,
+                "receiver": row.receiver_key,
+                "target": row.target,
+                "attempts": row.attempts,
+                "last_error": row.last_error,
+                "payload": row.event.payload,
+                "occurred_at": row.event.occurred_at.isoformat(),
+                "died_at": row.completed_at.isoformat() if row.completed_at else None,
+            }
+            self.stdout.write(json.dumps(record, sort_keys=True))
+
+    def _purge(self, key: str | None, options: dict[str, Any]) -> None:
+        days = non_negative(options["older_than"], "--older-than")
+        scoped = key is not None or options["event_name"] is not None or days is not None
+        if not scoped and not options["everything"]:
+            raise CommandError(
+                "dead_letters purge deletes dead letters for good: say which with --receiver, "
+                "--event-name or --older-than, or pass --all to delete every one."
+            )
+        count = purge_dead(
+            receiver_key=key,
+            event_name=options["event_name"],
+            older_than=timedelta(days=days) if days is not None else None,
+            all=options["everything"],
+        )
+        self.stdout.write(f"Purged: {count}")
