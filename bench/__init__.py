@@ -1,0 +1,1 @@
+"""Benchmarks of django-domain-events: ``make bench`` runs ``bench/run.py``."""

@@ -1,0 +1,48 @@
+"""Django settings for the benchmark (``DJANGO_SETTINGS_MODULE=bench.settings``).
+
+Environment:
+    DDE_BENCH_PG_HOST, DDE_BENCH_PG_PORT, DDE_BENCH_PG_USER, DDE_BENCH_PG_PASSWORD
+    DDE_BENCH_PG_NAME   the database (default dde_bench; created by run.py when missing)
+"""
+
+import os
+
+SECRET_KEY = "django-domain-events-bench-not-secret"
+DEBUG = False  # connection.queries stays off: the timed loops must not log queries
+ALLOWED_HOSTS: list[str] = []
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django_domain_events",
+    "bench.apps.BenchConfig",
+]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("DDE_BENCH_PG_NAME", "dde_bench"),
+        "USER": os.environ.get("DDE_BENCH_PG_USER", "postgres"),
+        "PASSWORD": os.environ.get("DDE_BENCH_PG_PASSWORD", ""),
+        "HOST": os.environ.get("DDE_BENCH_PG_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("DDE_BENCH_PG_PORT", "5432"),
+        # Names our sessions, so that run.py's load sampler counts only other people's.
+        "OPTIONS": {"application_name": "dde-bench"},
+    }
+}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+USE_TZ = True
+TIME_ZONE = "UTC"
+USE_I18N = False
+
+# The package defaults, spelled out: what a deployment gets without tuning.
+DJANGO_DOMAIN_EVENTS = {"WARN_OUTSIDE_ATOMIC": True, "BATCH_SIZE": 50}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler", "level": "WARNING"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+}
