@@ -9,6 +9,8 @@ whose lease lapsed cannot overwrite the row's new owner.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -54,60 +56,48 @@ def call_receiver(receiver: RegisteredReceiver, evt: Any, ctx: DeliveryContext) 
 def call_hook(hook: Callable[..., Any], *args: Any) -> None:
     """Call an ``on_failure`` hook, sync or async; its exceptions are logged and swallowed."""
     try:
-        result = async_to_sync(hook)(*args) if _is_async(hook) else hook(*args)
-        del result
+        if inspect.iscoroutinefunction(hook):
+            async_to_sync(hook)(*args)
+        else:
+            hook(*args)
     except Exception:
         logger.exception("on_failure hook %r raised; ignored.", hook)
 
 
-def _is_async(func: Callable[..., Any]) -> bool:
-    import inspect
-
-    return inspect.iscoroutinefunction(func)
-
-
 @contextlib.contextmanager
-def around_delivery(ctx: DeliveryContext) -> Iterator[None]:
-    """Enter ``AROUND_DELIVERY(ctx)`` when configured; raising on entry fails the attempt."""
-    path = conf.get().AROUND_DELIVERY
-    if path is None:
-        yield
-        return
+def _around(path: str, ctx: DeliveryContext) -> Iterator[None]:
     with import_string(path)(ctx):
         yield
 
 
-def _adapt(alias: str, value: datetime | None) -> Any:
-    if value is None:
-        return None
-    return connections[alias].ops.adapt_datetimefield_value(value)
+def around_delivery(ctx: DeliveryContext) -> contextlib.AbstractContextManager[None]:
+    """``AROUND_DELIVERY(ctx)`` when configured; raising on entry fails the attempt."""
+    path = conf.get().AROUND_DELIVERY
+    return contextlib.nullcontext() if path is None else _around(path, ctx)
+
+
+@functools.lru_cache(maxsize=64)
+def _update_sql(alias: str, columns: tuple[str, ...]) -> str:
+    """The compare-and-set ``UPDATE`` for these columns, built once per shape."""
+    quote = connections[alias].ops.quote_name
+    sets = [
+        f"{quote(c)} = {quote(c)} + %s" if c == "attempts" else f"{quote(c)} = %s" for c in columns
+    ]
+    return (
+        f"UPDATE {quote(DeliveryRecord._meta.db_table)} SET {', '.join(sets)} "
+        f"WHERE {quote('id')} = %s AND {quote('status')} = 'claimed' "
+        f"AND {quote('claimed_by')} = %s AND {quote('claimed_at')} = %s"
+    )
 
 
 def _update_claimed(alias: str, claim: Claim, assignments: dict[str, Any]) -> bool:
     """One ``UPDATE`` of the row, only while this claim still holds it."""
     connection = connections[alias]
-    quote = connection.ops.quote_name
-    columns = []
-    params: list[Any] = []
-    for column, value in assignments.items():
-        if column == "attempts":
-            columns.append(f"{quote('attempts')} = {quote('attempts')} + %s")
-        else:
-            columns.append(f"{quote(column)} = %s")
-        params.append(_adapt(alias, value) if isinstance(value, datetime) else value)
-    sql = (
-        f"UPDATE {quote(DeliveryRecord._meta.db_table)} SET {', '.join(columns)} "
-        f"WHERE {quote('id')} = %s AND {quote('status')} = %s "
-        f"AND {quote('claimed_by')} = %s AND {quote('claimed_at')} = %s"
-    )
-    params += [
-        claim.id,
-        DeliveryStatus.CLAIMED.value,
-        claim.claimed_by,
-        _adapt(alias, claim.claimed_at),
-    ]
+    adapt = connection.ops.adapt_datetimefield_value
+    params = [adapt(v) if isinstance(v, datetime) else v for v in assignments.values()]
+    params += [claim.id, claim.claimed_by, adapt(claim.claimed_at)]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(_update_sql(alias, tuple(assignments)), params)
         return bool(cursor.rowcount)
 
 
