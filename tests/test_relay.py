@@ -219,3 +219,22 @@ def test_a_stop_callable_ends_the_relay() -> None:
     fire_many(lambda n: OrderPlaced(order_id=n), 2)
     counts = run_relay(stop=stop)
     assert counts[DeliveryStatus.SUCCEEDED] == 0
+
+
+def test_stale_pause_records_are_cleaned_up_and_never_reported() -> None:
+    from django_domain_events import outbox_health
+
+    long_ago = timezone.now() - timedelta(hours=1)
+    LanePause.objects.create(lane="api", worker_id="dead-relay", paused_at=long_ago, until=long_ago)
+    receiver(Pinged, key="t.busy", lane="api", give_up_after=timedelta(hours=1))(
+        lambda evt: (_ for _ in ()).throw(RetryAfter(30, counts=False))
+    )
+    lanes = {lane.lane: lane for lane in outbox_health().lanes}
+    assert lanes["api"].pauses == ()
+    seen: list[str] = []
+    receiver(Pinged, key="t.look", lane="zzz")(
+        lambda evt: seen.extend(LanePause.objects.values_list("worker_id", flat=True))
+    )
+    fire_many(lambda n: Pinged(n=n), 1)
+    run_relay(worker_id="relay-live", passes=1, lane=["api", "zzz"])
+    assert seen == ["relay-live"]
