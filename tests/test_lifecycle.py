@@ -113,6 +113,7 @@ def test_a_row_expiring_while_it_waits_out_its_backoff_dies_unrun() -> None:
     assert dead.status == DeliveryStatus.DEAD and dead.attempts == 1
     assert dead.last_error.startswith("expired:") and "ttl=0:10:00" in dead.last_error
     assert [f.status for f in told] == ["failed", "dead"]
+    assert [f.attempt for f in told] == [1, 1]  # the expiry made no attempt of its own
 
 
 def test_a_retry_that_would_come_after_the_lifetime_dead_letters_at_once() -> None:

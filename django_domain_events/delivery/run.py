@@ -241,9 +241,10 @@ def _settle_unrun(
     if not written:
         _warn_lease_lost(claim, receiver)
         return None, None
-    _log_failure(claim, status, reason)
+    _log_unrun(claim.id, claim.event_name, claim.event_id, claim.receiver_key, status, reason)
     if status is DeliveryStatus.DEAD and receiver is not None and receiver.on_failure:
-        call_hook(receiver.on_failure, _failure(claim, status, RuntimeError(reason)))
+        failure = _failure(claim, status, RuntimeError(reason), attempt=claim.attempts)
+        call_hook(receiver.on_failure, failure)
     return status, outcome
 
 
@@ -290,26 +291,27 @@ def record_failure(
     if outcome.tells_on_failure:
         _log_failure(claim, outcome.status, outcome.last_error, error)
         if receiver.on_failure is not None:
-            call_hook(receiver.on_failure, _failure(claim, outcome.status, error))
+            failure = _failure(claim, outcome.status, error, attempt=claim.attempts + 1)
+            call_hook(receiver.on_failure, failure)
     return outcome.status, outcome
 
 
-def _failure(claim: Claim, status: DeliveryStatus, error: BaseException) -> DeliveryFailure:
+def _failure(
+    claim: Claim, status: DeliveryStatus, error: BaseException, *, attempt: int
+) -> DeliveryFailure:
     return DeliveryFailure(
         delivery_id=claim.id,
         event_id=claim.event_id,
         event_name=claim.event_name,
         receiver_key=claim.receiver_key,
         target=claim.target,
-        attempt=claim.attempts + 1,
+        attempt=attempt,
         status=status,
         error=error,
     )
 
 
-def _log_failure(
-    claim: Claim, status: DeliveryStatus, reason: str, error: BaseException | None = None
-) -> None:
+def _log_failure(claim: Claim, status: DeliveryStatus, reason: str, error: BaseException) -> None:
     logger.warning(
         "Delivery %s of %s #%s to %s failed on attempt %s with %s; now %s: %s",
         claim.id,
@@ -317,7 +319,26 @@ def _log_failure(
         claim.event_id,
         claim.receiver_key,
         claim.attempts + 1,
-        type(error).__name__ if error is not None else "no run",
+        type(error).__name__,
+        status.value,
+        reason,
+    )
+
+
+def _log_unrun(
+    delivery_id: int,
+    event_name: str,
+    event_id: int,
+    receiver_key: str,
+    status: DeliveryStatus,
+    reason: str,
+) -> None:
+    logger.warning(
+        "Delivery %s of %s #%s to %s was settled without running; now %s: %s",
+        delivery_id,
+        event_name,
+        event_id,
+        receiver_key,
         status.value,
         reason,
     )
@@ -364,13 +385,8 @@ def expire_overdue(*, now: datetime | None = None, limit: int = 500) -> int:
         if not settled:
             continue
         expired += 1
-        logger.warning(
-            "Delivery %s of %s #%s to %s expired unrun; now dead: %s",
-            row.pk,
-            row.event.name,
-            row.event_id,
-            row.receiver_key,
-            reason,
+        _log_unrun(
+            row.pk, row.event.name, row.event_id, row.receiver_key, DeliveryStatus.DEAD, reason
         )
         if receiver is not None and receiver.on_failure is not None:
             failure = DeliveryFailure(

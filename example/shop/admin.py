@@ -1,6 +1,16 @@
 from django.contrib import admin
 
-from .models import Customer, Email, LedgerEntry, Order, Shipment
+from .models import (
+    Customer,
+    Email,
+    Invoice,
+    LedgerEntry,
+    Newsletter,
+    Offer,
+    Order,
+    Shipment,
+    StockCount,
+)
 
 
 @admin.register(Customer)
@@ -16,7 +26,7 @@ class OrderAdmin(admin.ModelAdmin):
 
 @admin.register(Shipment)
 class ShipmentAdmin(admin.ModelAdmin):
-    list_display = ["id", "order", "carrier"]
+    list_display = ["id", "order", "carrier", "dispatched", "tracking_code"]
 
 
 @admin.register(LedgerEntry)
@@ -27,3 +37,25 @@ class LedgerEntryAdmin(admin.ModelAdmin):
 @admin.register(Email)
 class EmailAdmin(admin.ModelAdmin):
     list_display = ["id", "to", "subject", "sent_at"]
+
+
+@admin.register(Offer)
+class OfferAdmin(admin.ModelAdmin):
+    list_display = ["id", "customer", "item", "expires_at", "accepted", "expired", "made_event_id"]
+    list_filter = ["accepted", "expired"]
+
+
+@admin.register(Invoice)
+class InvoiceAdmin(admin.ModelAdmin):
+    list_display = ["id", "customer", "amount", "paid"]
+    list_filter = ["paid"]
+
+
+@admin.register(Newsletter)
+class NewsletterAdmin(admin.ModelAdmin):
+    list_display = ["id", "subject", "send_at", "sent_at"]
+
+
+@admin.register(StockCount)
+class StockCountAdmin(admin.ModelAdmin):
+    list_display = ["id", "warehouse", "sku", "quantity"]

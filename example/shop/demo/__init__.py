@@ -10,7 +10,7 @@ demo with a non-zero exit.
 
 from __future__ import annotations
 
-from . import basics
+from . import basics, lifecycle, scheduling
 from .story import Chapter, Story
 
 CHAPTERS: tuple[Chapter, ...] = (
@@ -21,6 +21,17 @@ CHAPTERS: tuple[Chapter, ...] = (
     basics.orders_are_paid_and_cancelled,
     basics.the_relay_delivers,
     basics.what_happened,
+    scheduling.offers_are_made,
+    scheduling.an_offer_is_extended_another_accepted,
+    scheduling.forty_eight_hours_later,
+    scheduling.seventy_two_hours_later,
+    scheduling.an_invoice_reminder,
+    scheduling.a_newsletter_at_a_chosen_time,
+    lifecycle.a_dead_letter_is_dumped,
+    lifecycle.the_dead_letter_is_retried,
+    lifecycle.a_constant_retry_policy,
+    lifecycle.a_message_lifetime,
+    lifecycle.dead_letters_are_purged,
 )
 
 __all__ = ["CHAPTERS", "Chapter", "Story"]

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from django.core.management.base import CommandError, OutputWrapper
 from django.core.management.color import Style
 
-from shop.models import Customer, Order
+from shop.models import Customer, Offer, Order
+
+from .clock import SimClock
 
 
 @dataclass
@@ -17,6 +19,8 @@ class Story:
     style: Style
     customers: dict[str, Customer] = field(default_factory=dict)  # by first name
     orders: dict[str, Order] = field(default_factory=dict)  # by the customer's first name
+    offers: dict[str, Offer] = field(default_factory=dict)  # by the customer's first name
+    clock: SimClock | None = None  # the simulated time of the chapter under way
     chapter_number: int = 0
 
     def tell(self, chapters: Iterable[Chapter]) -> None:

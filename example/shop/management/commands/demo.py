@@ -12,7 +12,8 @@ from shop.demo import CHAPTERS, Story
 class Command(BaseCommand):
     help = (
         "Delete and recreate demo.sqlite3, place, veto, pay and cancel orders, deliver "
-        "their events with drain_outbox() and report what every receiver did."
+        "their events with drain_outbox() and report what every receiver did; then move "
+        "the clock forward through scheduled reactions and a message's lifecycle."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
