@@ -166,7 +166,7 @@ class LaneFilter(admin.SimpleListFilter):
 class DeliveryStatusOfEventFilter(admin.SimpleListFilter):
     """Events with at least one delivery in this status."""
 
-    title = "has a delivery that is"
+    title = "delivery status"
     parameter_name = "delivery_status"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
@@ -195,6 +195,10 @@ class _ViewOnlyChangeList(ChangeList):
 
 class _EventChangeList(_ViewOnlyChangeList):
     """Attaches the page's delivery counts in one query, not one per row."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        # The list shows no payload: don't read every row's JSON for it.
+        return super().get_queryset(request, exclude_parameters).defer("payload", "scope")
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
@@ -280,7 +284,6 @@ class DeliveryInline(_DeliveryInlineBase):
     can_delete = False
     show_change_link = True
     ordering = ("id",)
-    verbose_name_plural = f"deliveries (the first {INLINE_DELIVERIES})"
     fields = (
         "receiver_key",
         "target",
@@ -292,6 +295,13 @@ class DeliveryInline(_DeliveryInlineBase):
         "error_preview",
     )
     readonly_fields = fields
+
+    def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
+        # Inline instances are made per request, so this heading is this page's own.
+        total = obj.deliveries.count() if obj is not None else 0
+        if total > INLINE_DELIVERIES:
+            self.verbose_name_plural = f"deliveries (the first {INLINE_DELIVERIES} of {total})"
+        return super().get_formset(request, obj, **kwargs)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

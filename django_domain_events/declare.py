@@ -16,6 +16,7 @@ from typing import Any, TypeVar, overload
 
 from django.apps import apps
 
+from .codec import decode_event, get_codec
 from .retry import RetryPolicy
 
 MAX_NAME_LENGTH = 255
@@ -125,6 +126,23 @@ class Registry:
     @property
     def events(self) -> list[RegisteredEvent]:
         return sorted(self._events_by_name.values(), key=lambda e: e.name)
+
+    def decode(self, name: str, payload: dict[str, Any], version: int) -> Any:
+        """The event a stored row records, upgraded to the declared version and decoded."""
+        registered = self._events_by_name.get(name)
+        if registered is None:
+            raise LookupError(
+                f"event name {name!r} is no longer declared; declare it again "
+                "(@event(name=...)) and replay, or leave the row as a record."
+            )
+        return decode_event(
+            get_codec(),
+            registered.event_class,
+            payload,
+            stored_version=version,
+            current_version=registered.version,
+            upgrade=registered.upgrade,
+        )
 
     # Receivers --------------------------------------------------------------
 

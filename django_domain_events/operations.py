@@ -16,7 +16,6 @@ from django.db import connections, router, transaction
 from django.db.models import QuerySet
 
 from . import clock
-from .codec import decode_event, get_codec
 from .declare import RegisteredReceiver, registry
 from .delivery.outcomes import receiver_lifetime_end
 from .delivery.wake import notify_relay
@@ -171,14 +170,7 @@ def _replay_event(alias: str, record: EventRecord, keys: set[str] | None) -> tup
             f"Event #{record.pk} is a {record.name!r}, which is no longer declared; "
             "declare it again to replay it."
         )
-    evt = decode_event(
-        get_codec(),
-        registered.event_class,
-        record.payload,
-        stored_version=record.version,
-        current_version=registered.version,
-        upgrade=registered.upgrade,
-    )
+    evt = registry.decode(record.name, record.payload, record.version)
     now = clock.now()
     reopened = added = 0
     existing = {

@@ -6,7 +6,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from . import clock
-from .codec import decode_event, get_codec
 from .declare import registry
 from .delivery.relay import Counts, deliver_pending
 from .models import EventRecord
@@ -39,17 +38,8 @@ def assert_fired(event_cls: type[T], *, times: int | None = None) -> list[T]:
     if registered is None:
         raise TypeError(f"{event_cls.__qualname__} is not an @event class.")
     rows = EventRecord.objects.filter(name=registered.name).order_by("id")
-    codec = get_codec()
     found: list[Any] = [
-        decode_event(
-            codec,
-            event_cls,
-            row.payload,
-            stored_version=row.version,
-            current_version=registered.version,
-            upgrade=registered.upgrade,
-        )
-        for row in rows
+        registry.decode(row.name, row.payload, row.version) for row in rows.iterator()
     ]
     if times is None and not found:
         raise AssertionError(f"{registered.name} was never fired.")

@@ -229,7 +229,7 @@ def test_an_event_name_no_longer_registered_is_dead_with_a_sentence() -> None:
     event_id = fire_committed(OrderPlaced(order_id=1))
     EventRecord.objects.filter(pk=event_id).update(name="testapp.Vanished")
     assert drain_outbox()[DeliveryStatus.DEAD] == 1
-    assert "'testapp.Vanished' is no longer registered" in row_for(event_id).last_error
+    assert "'testapp.Vanished' is no longer declared" in row_for(event_id).last_error
 
 
 def test_rows_written_under_an_older_version_are_upgraded_before_decoding() -> None:

@@ -21,7 +21,7 @@ from django.db import connections, transaction
 from django.utils.module_loading import import_string
 
 from .. import clock, conf
-from ..codec import PayloadDecodeError, PayloadUpgradeFailed, decode_event, get_codec
+from ..codec import PayloadDecodeError, PayloadUpgradeFailed
 from ..declare import RegisteredReceiver, registry
 from ..models import DeliveryRecord, DeliveryStatus
 from ..scope import caused_by
@@ -190,20 +190,7 @@ def attempt(
 def _decode(claim: Claim, decoded: dict[int, Any] | None) -> Any:
     if decoded is not None and claim.event_id in decoded:
         return decoded[claim.event_id]
-    registered = registry.event_named(claim.event_name)
-    if registered is None:
-        raise LookupError(
-            f"event name {claim.event_name!r} is no longer registered; declare it again "
-            "(@event(name=...)) and replay, or leave the row as a record."
-        )
-    evt = decode_event(
-        get_codec(),
-        registered.event_class,
-        claim.payload,
-        stored_version=claim.event_version,
-        current_version=registered.version,
-        upgrade=registered.upgrade,
-    )
+    evt = registry.decode(claim.event_name, claim.payload, claim.event_version)
     if decoded is not None:
         decoded[claim.event_id] = evt
     return evt
