@@ -25,12 +25,18 @@ from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
+from .codec import PayloadUpgradeFailed
 from .declare import registry
 from .models import OWED_VALUES, DeliveryRecord, DeliveryStatus, EventRecord
 from .operations import cancel_deliveries, replay_events, requeue_dead
+
+#: What an operation raises for a selection it refuses (an event no longer declared or
+#: pruned meanwhile, a payload that no longer decodes): reported, with nothing applied.
+REFUSED = (LookupError, ValueError, TypeError, PayloadUpgradeFailed)
 
 if TYPE_CHECKING:
     _EventAdminBase = admin.ModelAdmin[EventRecord]
@@ -254,8 +260,7 @@ def _deliveries_url(site_name: str, **params: Any) -> str | None:
         url = reverse(f"{site_name}:django_domain_events_deliveryrecord_changelist")
     except NoReverseMatch:
         return None
-    query = "&".join(f"{k}={v}" for k, v in params.items())
-    return f"{url}?{query}" if query else url
+    return f"{url}?{urlencode(params)}" if params else url
 
 
 def _pre(value: Any) -> SafeString:
@@ -420,7 +425,7 @@ class EventRecordAdmin(_ReadOnly, _EventAdminBase):
                     event_id__in=event_ids, status__in=OWED_VALUES
                 ).count()
                 result = replay_events(event_ids)
-        except (LookupError, ValueError, TypeError) as exc:
+        except REFUSED as exc:
             self.message_user(request, f"Nothing was replayed: {exc}", messages.ERROR)
             return
         reopened, added = result["reopened"], result["added"]
@@ -442,7 +447,7 @@ class EventRecordAdmin(_ReadOnly, _EventAdminBase):
             with transaction.atomic(using=_alias()):
                 result = cancel_deliveries(event_ids)
                 total = DeliveryRecord.objects.filter(event_id__in=event_ids).count()
-        except (LookupError, ValueError, TypeError) as exc:
+        except REFUSED as exc:
             self.message_user(request, f"Nothing was cancelled: {exc}", messages.ERROR)
             return
         _report_cancel(
@@ -537,7 +542,7 @@ class DeliveryRecordAdmin(_ReadOnly, _DeliveryAdminBase):
         delivery_ids = _ids_of(queryset)
         try:
             requeued = requeue_dead(delivery_ids=delivery_ids)
-        except (LookupError, ValueError, TypeError) as exc:
+        except REFUSED as exc:
             self.message_user(request, f"Nothing was requeued: {exc}", messages.ERROR)
             return
         skipped = len(delivery_ids) - requeued
@@ -564,7 +569,7 @@ class DeliveryRecordAdmin(_ReadOnly, _DeliveryAdminBase):
         event_ids = sorted({event_id for _, event_id in pairs})
         try:
             result = cancel_deliveries(event_ids, delivery_ids=delivery_ids)
-        except (LookupError, ValueError, TypeError) as exc:
+        except REFUSED as exc:
             self.message_user(request, f"Nothing was cancelled: {exc}", messages.ERROR)
             return
         _report_cancel(

@@ -229,7 +229,7 @@ def quiet_receivers(
             continue
         last = (
             DeliveryRecord.objects.using(alias)
-            .filter(receiver_key=declared.key, status=DeliveryStatus.SUCCEEDED)
+            .filter(receiver_key=declared.key, succeeded_at__isnull=False)
             .order_by("-succeeded_at")
             .values_list("succeeded_at", flat=True)
             .first()

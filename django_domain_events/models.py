@@ -132,11 +132,11 @@ class DeliveryRecord(models.Model):
                 name="dde_delivery_expiry",
                 condition=Q(status__in=OWED_VALUES, expires_at__isnull=False),
             ),
-            # Each receiver's newest success, for quiet_receivers().
+            # Each receiver's newest success, for quiet_receivers(); kept through a replay.
             models.Index(
                 fields=["receiver_key", "succeeded_at"],
                 name="dde_delivery_success",
-                condition=Q(status=DeliveryStatus.SUCCEEDED),
+                condition=Q(succeeded_at__isnull=False),
             ),
         ]
 

@@ -121,7 +121,7 @@ def remember_successes(alias: str, event_ids: Sequence[int]) -> None:
     """Keep each receiver's newest success among these events' rows before they go."""
     newest = (
         DeliveryRecord.objects.using(alias)
-        .filter(event_id__in=event_ids, status=DeliveryStatus.SUCCEEDED)
+        .filter(event_id__in=event_ids, succeeded_at__isnull=False)
         .values("receiver_key")
         .annotate(last=Max("succeeded_at"))
     )

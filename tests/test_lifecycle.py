@@ -327,3 +327,14 @@ def test_dead_letters_expire_after_their_lifetime_then_their_event_goes() -> Non
         assert prune_events(now=later, older_than=timedelta(hours=1)) == 1
     assert not DeliveryRecord.objects.filter(event_id=dead_event).exists()
     assert not EventRecord.objects.filter(pk=dead_event).exists()
+
+
+def test_unbounded_attempts_with_give_up_after_end_by_time() -> None:
+    receiver(OrderPlaced, key="t.bounded", max_attempts=None, give_up_after=timedelta(hours=1))(
+        failing
+    )
+    event_id = fire_one(OrderPlaced(order_id=1))
+    assert deliver_pending()[DeliveryStatus.FAILED] == 1
+    assert deliver_pending(now=timezone.now() + timedelta(hours=2))[DeliveryStatus.DEAD] == 1
+    dead = row(event_id)
+    assert dead.attempts == 2 and "give_up_after=1:00:00" in dead.last_error

@@ -348,7 +348,7 @@ def test_quiet_receivers_survives_the_prune() -> None:
         "t.never",
     ]
     assert "t.never (testapp.OrderPlaced): last succeeded never" in command("quiet_receivers")
-    with pytest.raises(CommandError, match="--days must be at least 1"):
+    with pytest.raises(CommandError, match="--days must be a positive number of days, not -2"):
         command("quiet_receivers", "--days", "-2")
 
 
@@ -377,3 +377,12 @@ def test_a_replay_racing_a_prune_keeps_the_reopened_work() -> None:
     assert pruner.returncode == 0, err
     assert out.strip() == "0"
     assert rows(event_id)["tests.record_order"].status == DeliveryStatus.PENDING
+
+
+def test_a_replayed_success_still_counts_for_quiet_receivers() -> None:
+    receiver(OrderPlaced, key="t.again")(lambda evt: None)
+    event_id = fire_one(OrderPlaced(order_id=1))
+    drain_outbox()
+    replay_events([event_id])
+    assert rows(event_id)["t.again"].status == DeliveryStatus.PENDING
+    assert quiet_receivers(within=timedelta(days=1)) == []

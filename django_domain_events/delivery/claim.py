@@ -201,7 +201,7 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         delivery=connection.ops.quote_name(_table(DeliveryRecord)),
         event=connection.ops.quote_name(_table(EventRecord)),
         filters=" ".join(filters),
-        due="(available_at <= %(now)s OR status = 'failed')"
+        due="(available_at <= %(now)s OR (status = 'failed' AND due_at <= %(now)s))"
         if args.ignore_backoff
         else "available_at <= %(now)s",
     )
@@ -241,7 +241,7 @@ def _json(value: Any) -> Any:
 def _owed_rows(alias: str, args: _ClaimArgs) -> Any:
     due = Q(available_at__lte=args.now)
     if args.ignore_backoff:
-        due |= Q(status=DeliveryStatus.FAILED)
+        due |= Q(status=DeliveryStatus.FAILED, due_at__lte=args.now)
     rows = DeliveryRecord.objects.using(alias).filter(due, status__in=OWED_VALUES)
     if args.only is not None:
         rows = rows.filter(receiver_key__in=args.only)

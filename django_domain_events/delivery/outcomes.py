@@ -179,6 +179,15 @@ def decide(
         delay = float(wanted)
     if max_attempts is not None and attempt >= max_attempts:
         return Outcome(DeliveryStatus.DEAD, spent=True, last_error=message, warnings=warnings)
+    bound = receiver.give_up_after
+    if max_attempts is None and bound is not None and now - due_at >= bound:
+        # Unbounded attempts end by time: owed this long, the row gives up.
+        return Outcome(
+            DeliveryStatus.DEAD,
+            spent=True,
+            last_error=f"{message} (gave up: owed longer than give_up_after={bound})",
+            warnings=warnings,
+        )
     retry_at = now + timedelta(seconds=max(delay, 0.0))
     if expires_at is not None and retry_at >= expires_at:
         # The next attempt would come after the row's lifetime: it ends here.

@@ -32,7 +32,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         health = outbox_health()
         if options["format"] == "json":
-            self.stdout.write(json.dumps(dataclasses.asdict(health), default=str, indent=2))
+            data = dataclasses.asdict(health)
+            self.stdout.write(json.dumps(data, default=lambda value: value.isoformat(), indent=2))
             return
         self._text(health, clock.now())
 

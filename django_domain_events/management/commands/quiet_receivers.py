@@ -5,10 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...introspect import quiet_receivers
-from ..arguments import positive
 
 
 class Command(BaseCommand):
@@ -20,7 +19,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         days = options["days"]
         if days is not None and days <= 0:
-            positive(0, "--days")
+            raise CommandError(f"--days must be a positive number of days, not {days:g}.")
         quiet = quiet_receivers(within=timedelta(days=days) if days else None)
         if not quiet:
             self.stdout.write("Every durable receiver succeeded inside the window.")

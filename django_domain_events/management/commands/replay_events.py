@@ -28,6 +28,6 @@ class Command(BaseCommand):
         keys = [known_receiver(key) for key in options["receivers"] or []] or None
         try:
             result = replay_events(ids, receiver_keys=keys)
-        except (LookupError, ValueError) as error:
+        except (LookupError, TypeError, ValueError) as error:  # e.g. a due= callable refusing
             raise CommandError(str(error)) from error
         self.stdout.write(f"reopened: {result['reopened']}, added: {result['added']}")

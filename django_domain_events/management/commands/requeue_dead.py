@@ -15,7 +15,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--receiver", metavar="KEY", help="Only this receiver's.")
-        parser.add_argument("--limit", type=int, help="At most N rows, oldest first.")
+        parser.add_argument("--limit", type=int, help="At most N rows, lowest delivery id first.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         key = options["receiver"] and known_receiver(options["receiver"])

@@ -1,0 +1,67 @@
+"""Small helpers shared by the scheduled-reactions tests (seed 000)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from io import StringIO
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.db import transaction
+from django.utils import timezone
+
+from django_domain_events import fire
+from django_domain_events.models import DeliveryRecord, EventRecord
+
+
+def now() -> datetime:
+    """The real clock, aware or naive local time as ``USE_TZ`` says."""
+    return timezone.now()
+
+
+def fire_one(evt: object, *, occurred_at: datetime | None = None) -> int:
+    """Fire ``evt`` in its own committed transaction; the event id."""
+    with transaction.atomic():
+        event_id = fire(evt, occurred_at=occurred_at)
+    assert event_id is not None
+    return event_id
+
+
+def event_row(event_id: int) -> EventRecord:
+    return EventRecord.objects.get(pk=event_id)
+
+
+def row(event_id: int, key: str | None = None) -> DeliveryRecord:
+    """The single delivery row of ``event_id`` (for ``key`` when given)."""
+    rows = DeliveryRecord.objects.filter(event_id=event_id)
+    if key is not None:
+        rows = rows.filter(receiver_key=key)
+    return rows.get()
+
+
+def due_of(event_id: int, key: str | None = None) -> datetime:
+    return row(event_id, key).due_at
+
+
+def project_time(value: datetime) -> datetime:
+    """``value`` in the project's convention: unchanged under USE_TZ, naive local otherwise."""
+    if not settings.USE_TZ and timezone.is_aware(value):
+        return timezone.make_naive(value)
+    return value
+
+
+def command(*args: str) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue().strip()
+
+
+def total(counts: dict[Any, int]) -> int:
+    return sum(counts.values())
+
+
+HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+MINUTE = timedelta(minutes=1)
+SECOND = timedelta(seconds=1)
