@@ -198,20 +198,25 @@ def inline_context(
     )
 
 
+def _refuse_awaitable(value: object, what: str, wanted: str) -> None:
+    """A sync callable that returned a coroutine: refused, since fire() cannot await it."""
+    if inspect.isawaitable(value):
+        close = getattr(value, "close", None)
+        if close is not None:
+            close()  # no "never awaited" warning on top of the error
+        raise TypeError(
+            f"{what} returned an awaitable; it runs inside fire()'s transaction and must "
+            f"return {wanted} directly."
+        )
+
+
 def resolve_targets(record: EventRecord, evt: object, receiver: RegisteredReceiver) -> list[str]:
     """The receiver's distinct targets, in first-seen order; refuses anything but strings."""
     if receiver.targets is None:
         return [""]
     with caused_by(record.pk, record.correlation_id):
         found = receiver.targets(evt, inline_context(record, receiver))
-    if inspect.isawaitable(found):
-        close = getattr(found, "close", None)
-        if close is not None:
-            close()
-        raise TypeError(
-            f"targets= of {receiver.key} returned an awaitable; it runs inside fire()'s "
-            "transaction and must return the targets directly."
-        )
+    _refuse_awaitable(found, f"targets= of {receiver.key}", "the targets")
     if isinstance(found, str) or not isinstance(found, Iterable):
         raise TypeError(
             f"targets= of {receiver.key} must return an iterable of strings, not {found!r}."
@@ -242,14 +247,7 @@ def resolve_due(
     if isinstance(due, timedelta):
         return max(occurred_at + due, recorded_at)
     value = due(evt)
-    if inspect.isawaitable(value):
-        close = getattr(value, "close", None)
-        if close is not None:
-            close()
-        raise TypeError(
-            f"due= of {receiver.key} returned an awaitable; it runs inside fire()'s "
-            "transaction and must return an aware datetime directly."
-        )
+    _refuse_awaitable(value, f"due= of {receiver.key}", "an aware datetime")
     when = clock.accept(value, what=f"due= of {receiver.key}")
     return max(when, recorded_at)
 

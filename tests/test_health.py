@@ -8,7 +8,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -17,7 +17,6 @@ from django_domain_events import (
     RetryAfter,
     claim_batch,
     drain_outbox,
-    fire,
     outbox_health,
     receiver,
     run_relay,
@@ -25,19 +24,9 @@ from django_domain_events import (
 from django_domain_events.introspect import OutboxHealth
 from django_domain_events.models import DeliveryRecord, EventRecord, LanePause
 from tests.app.events import OrderPlaced, Pinged
+from tests.support import failing, fire_one
 
 pytestmark = pytest.mark.django_db
-
-
-def fire_one(evt: object) -> int:
-    with transaction.atomic():
-        event_id = fire(evt)
-    assert event_id is not None
-    return event_id
-
-
-def failing(evt: object) -> None:
-    raise ValueError("broken")
 
 
 def declare_mix() -> None:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
-from django.db import transaction
+from django.core.management import CommandError
 from django.test import override_settings
 from django.utils import timezone
 
@@ -21,7 +19,6 @@ from django_domain_events import (
     dead_letters,
     deliver_pending,
     drain_outbox,
-    fire,
     outbox_health,
     prune_events,
     purge_dead,
@@ -32,29 +29,13 @@ from django_domain_events import (
 )
 from django_domain_events.models import DeliveryRecord, EventRecord
 from tests.app.events import OrderPlaced, Pinged
+from tests.support import command, failing, fire_one
 
 pytestmark = pytest.mark.django_db
 
 
-def fire_one(evt: object) -> int:
-    with transaction.atomic():
-        event_id = fire(evt)
-    assert event_id is not None
-    return event_id
-
-
 def row(event_id: int) -> DeliveryRecord:
     return DeliveryRecord.objects.get(event_id=event_id)
-
-
-def failing(evt: object) -> None:
-    raise ConnectionError("unreachable")
-
-
-def command(*args: str) -> str:
-    out = StringIO()
-    call_command(*args, stdout=out)
-    return out.getvalue()
 
 
 # Lifetime ------------------------------------------------------------------------

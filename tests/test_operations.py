@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -31,15 +30,9 @@ from django_domain_events.delivery.run import attempt
 from django_domain_events.models import DeliveryRecord, EventRecord, ReceiverMark
 from django_domain_events.operations import EventsNotFound
 from tests.app.events import OrderPlaced, Pinged
+from tests.support import command, failing, fire_one
 
 pytestmark = pytest.mark.django_db
-
-
-def fire_one(evt: object) -> int:
-    with transaction.atomic():
-        event_id = fire(evt)
-    assert event_id is not None
-    return event_id
 
 
 def rows(event_id: int) -> dict[str, DeliveryRecord]:
@@ -47,16 +40,6 @@ def rows(event_id: int) -> dict[str, DeliveryRecord]:
         f"{r.receiver_key}{':' + r.target if r.target else ''}": r
         for r in DeliveryRecord.objects.filter(event_id=event_id)
     }
-
-
-def command(*args: str) -> str:
-    out = StringIO()
-    call_command(*args, stdout=out)
-    return out.getvalue().strip()
-
-
-def failing(evt: object) -> None:
-    raise ValueError("broken")
 
 
 # cancel ------------------------------------------------------------------------
@@ -128,7 +111,7 @@ def test_cancel_command_prints_counts_and_refuses_bad_input() -> None:
         command("cancel_deliveries")
     assert rows(event_id)["t.a"].status == DeliveryStatus.PENDING
     out = command("cancel_deliveries", str(event_id), "--receiver", "t.a")
-    assert out == "cancelled: 1, in_flight: 0"
+    assert out == "cancelled: 1, in_flight: 0\n"
 
 
 # replay ------------------------------------------------------------------------
@@ -188,7 +171,7 @@ def test_replay_of_a_missing_event_or_receiver_says_so_and_changes_nothing() -> 
         command("replay_events", str(event_id), str(10**9))
     with pytest.raises(CommandError, match="invalid int value"):
         command("replay_events", "abc")
-    assert command("replay_events", str(event_id), "--receiver", "t.a") == "reopened: 1, added: 0"
+    assert command("replay_events", str(event_id), "--receiver", "t.a") == "reopened: 1, added: 0\n"
 
 
 def test_replay_reopens_a_cancelled_row() -> None:
@@ -239,8 +222,8 @@ def test_requeue_command() -> None:
         command("requeue_dead", "--limit", "-1")
     with pytest.raises(CommandError, match="No receiver 't.nope'"):
         command("requeue_dead", "--receiver", "t.nope")
-    assert command("requeue_dead", "--limit", "0") == "requeued: 0"
-    assert command("requeue_dead", "--receiver", "t.dead") == "requeued: 1"
+    assert command("requeue_dead", "--limit", "0") == "requeued: 0\n"
+    assert command("requeue_dead", "--receiver", "t.dead") == "requeued: 1\n"
 
 
 # prune -------------------------------------------------------------------------
@@ -263,7 +246,7 @@ def test_prune_deletes_settled_events_past_the_window_and_keeps_owed_ones() -> N
     assert set(EventRecord.objects.values_list("pk", flat=True)) == {owed, recent}
     assert not DeliveryRecord.objects.filter(event_id=settled).exists()
     assert prune_events(older_than=timedelta(0)) == 1  # recent has no rows: settled
-    assert command("prune_events", "--days", "0") == "pruned: 0 events"
+    assert command("prune_events", "--days", "0") == "pruned: 0 events\n"
 
 
 @pytest.fixture

@@ -3,29 +3,19 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from io import StringIO
 from typing import Any
 
 from django.conf import settings
-from django.core.management import call_command
-from django.db import transaction
 from django.utils import timezone
 
-from django_domain_events import fire
 from django_domain_events.models import DeliveryRecord, EventRecord
+from tests.support import command as run_command
+from tests.support import fire_one as fire_one  # re-exported for the scheduled tests
 
 
 def now() -> datetime:
     """The real clock, aware or naive local time as ``USE_TZ`` says."""
     return timezone.now()
-
-
-def fire_one(evt: object, *, occurred_at: datetime | None = None) -> int:
-    """Fire ``evt`` in its own committed transaction; the event id."""
-    with transaction.atomic():
-        event_id = fire(evt, occurred_at=occurred_at)
-    assert event_id is not None
-    return event_id
 
 
 def event_row(event_id: int) -> EventRecord:
@@ -52,9 +42,8 @@ def project_time(value: datetime) -> datetime:
 
 
 def command(*args: str) -> str:
-    out = StringIO()
-    call_command(*args, stdout=out)
-    return out.getvalue().strip()
+    """What a management command printed, without the trailing newline."""
+    return run_command(*args).strip()
 
 
 def total(counts: dict[Any, int]) -> int:
