@@ -253,15 +253,15 @@ def _call_builder(name: str, **known: Any) -> Any:
     return build(*args)
 
 
-def _seed_event(n: int, now: datetime) -> EventRecord:
-    """The event row ``fire(Tick(n=n))`` writes at ``now``, built by fire()'s own code."""
-    registered = registry.event_for_class(Tick)
+def _seed_event(n: int, now: datetime, cls: type = Tick) -> EventRecord:
+    """The event row ``fire(cls(n=n))`` writes at ``now``, built by fire()'s own code."""
+    registered = registry.event_for_class(cls)
     if registered is None:
-        raise RuntimeError("bench.events.Tick is not registered: is the bench app installed?")
+        raise RuntimeError(f"{cls.__name__} is not registered: is the bench app installed?")
     built = _call_builder(
         "_event_row",
         registered=registered,
-        evt=Tick(n=n),
+        evt=cls(n=n),
         occurred_at=now,
         recorded_at=now,
         dedupe_key=None,
@@ -275,17 +275,17 @@ def _seed_event(n: int, now: datetime) -> EventRecord:
     return EventRecord(
         name=registered.name,
         version=registered.version,
-        payload=get_codec().encode(Tick(n=n)),
+        payload=get_codec().encode(cls(n=n)),
         occurred_at=now,
         recorded_at=now,
         correlation_id=uuid.uuid4().hex,
     )
 
 
-def _seed_deliveries(record: EventRecord) -> list[DeliveryRecord]:
+def _seed_deliveries(record: EventRecord, cls: type = Tick) -> list[DeliveryRecord]:
     """The delivery rows ``fire()`` writes for ``record``, built by fire()'s own code."""
-    evt = Tick(n=record.payload["n"])
-    receivers = registry.receivers_for(Tick)
+    evt = cls(n=record.payload["n"])
+    receivers = registry.receivers_for(cls)
     built = _call_builder(
         "_delivery_rows",
         record=record,
@@ -311,18 +311,20 @@ def _seed_deliveries(record: EventRecord) -> list[DeliveryRecord]:
     ]
 
 
-def seed_pending(count: int) -> None:
-    """``count`` events owing one pending row each (to the declared no-op receiver),
-    bulk-inserted: the rows ``fire()`` would write, without ``count`` transactions."""
+def seed_pending(count: int, cls: type = Tick) -> list[int]:
+    """``count`` events of ``cls`` owing one pending row each (to its one declared no-op
+    receiver), bulk-inserted: the rows ``fire()`` would write, without ``count``
+    transactions. Returns the delivery rows' ids."""
     now = timezone.now()
     with transaction.atomic():
         events = EventRecord.objects.bulk_create(
-            [_seed_event(n, now) for n in range(count)], batch_size=2000
+            [_seed_event(n, now, cls) for n in range(count)], batch_size=2000
         )
-        rows = [row for record in events for row in _seed_deliveries(record)]
+        rows = [row for record in events for row in _seed_deliveries(record, cls)]
         if len(rows) != count:
             raise RuntimeError(f"seeding: {len(rows)} delivery rows for {count} events")
-        DeliveryRecord.objects.bulk_create(rows, batch_size=2000)
+        created = DeliveryRecord.objects.bulk_create(rows, batch_size=2000)
+    return [row.pk for row in created]
 
 
 _VOLATILE = {"id", "event_id", "correlation_id"}

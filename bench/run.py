@@ -1,8 +1,9 @@
 """Benchmark of django-domain-events on PostgreSQL: ``make bench`` (see bench/README.md).
 
-    .venv/bin/python bench/run.py            full run (about two minutes)
+    .venv/bin/python bench/run.py            full run (about four minutes)
     .venv/bin/python bench/run.py --quick    a tenth of the sizes: a smoke run
     .venv/bin/python bench/run.py --profile  also cProfile a 2,000-row drain
+    .venv/bin/python bench/run.py --only fire|delivery|breakdown|relay|claim|scheduled
 
 Targets are reported (PASS/MISS), not asserted: the exit status is 0 unless something
 failed (no database, a drain that did not deliver every row, ...).
@@ -23,6 +24,11 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
 
 TARGET_RATIO = 0.5  # deliver_pending() deliveries/s over raw psycopg deliveries/s
+TARGET_LATENCY_MS = 100.0  # a LISTENing relay: median fire -> succeeded_at
+TARGET_RELAY_RATIO = 0.5  # one deliver_events process over raw psycopg, deliveries/s
+TARGET_SCALING = 1.5  # two deliver_events processes over one, deliveries/s
+TARGET_CLAIM_RATIO = 1.1  # claim_batch() latency, large table over empty
+TARGET_HEALTH_RATIO = 2.0  # outbox_health() latency, large table over empty
 
 FULL_SIZES = {
     # 11,000 events in all: at ~3-6 ms a commit on this machine, 20,000 would not fit the
@@ -34,7 +40,17 @@ FULL_SIZES = {
     "raw": 20_000,
     "breakdown": 2_000,
     "profile": 2_000,
+    "relay_latency": 50,  # events fired one at a time, one per NOTIFY window (~0.6 s each)
+    "relay_unpaced": 10,  # then fired back to back, each once the previous is delivered
+    "relay_rows": 20_000,  # drained by raw psycopg, one and two deliver_events processes
+    "relay_rounds": 4,  # ... in this many alternating rounds (5,000 rows each)
+    "claim_settled": 200_000,  # section 6: settled history ...
+    "claim_scheduled": 50_000,  # ... and scheduled rows, due in 30 days
+    "scheduled": 100_000,  # section 7: scheduled rows only
+    "reps": 30,  # timed claim_batch() / outbox_health() calls per table state
 }
+# --quick divides every size by ten, but never below these.
+QUICK_FLOOR = {"relay_unpaced": 4, "relay_rounds": 2, "reps": 10}
 
 
 def _admin_connection() -> Any:
@@ -185,18 +201,220 @@ def section_breakdown(measure: Any, sizes: dict[str, int], summary: Summary, not
     ]
 
 
+def verdict_of(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def section_relay(outbox: Any, sizes: dict[str, int], summary: Summary, note: str) -> None:
+    print(f"== 5. the relay as a process: manage.py deliver_events{note}")
+    print(
+        "5a. wake-up latency: one relay (POLL_SECONDS=10) LISTENing; events fired one at a "
+        "time, each in its own transaction; per row succeeded_at - recorded_at (fire()'s "
+        "clock, before its INSERT) and succeeded_at - the moment COMMIT returned"
+    )
+    paced, unpaced = outbox.relay_latency(sizes["relay_latency"], sizes["relay_unpaced"])
+    for tag, result in (("paced", paced), ("unpaced", unpaced)):
+        print(f"  {result.label}:")
+        figure(f"latency {tag}: events", result.events, "events")
+        rec, com = result.from_recorded, result.from_commit
+        figure(f"latency {tag}: median recorded -> succeeded", outbox.median_ms(rec), "ms", ".1f")
+        figure(f"latency {tag}: p95 recorded -> succeeded", outbox.p95_ms(rec), "ms", ".1f")
+        figure(f"latency {tag}: max recorded -> succeeded", max(rec) * 1000, "ms", ".1f")
+        figure(f"latency {tag}: median commit -> succeeded", outbox.median_ms(com), "ms", ".1f")
+        figure(f"latency {tag}: p95 commit -> succeeded", outbox.p95_ms(com), "ms", ".1f")
+        print(f"  background: {result.background}")
+    median = outbox.median_ms(paced.from_recorded)
+    latency_verdict = verdict_of(median < TARGET_LATENCY_MS)
+    figure(
+        "latency paced: median recorded -> succeeded",
+        median,
+        f"ms, target < {TARGET_LATENCY_MS:.0f}: {latency_verdict}",
+        ".1f",
+    )
+
+    count = sizes["relay_rows"]
+    print(
+        f"5b. throughput: {count:,} owed no-op rows for each of: the raw psycopg loop of "
+        "section 3, one deliver_events --once --batch-size 50 process, two started together "
+        f"(start-up not timed); in {sizes['relay_rounds']} alternating rounds; "
+        "deliveries / (max(succeeded_at) - min(claimed_at)) of each round's rows, summed"
+    )
+    raw, one, two = outbox.relay_throughput(count, sizes["relay_rounds"])
+    for result in (raw, one, two):
+        figure(f"{result.label}: deliveries/s", result.per_second, "deliveries/s")
+        figure(f"{result.label}: ms/delivery", result.ms_each, "ms", ".3f")
+        figure(f"{result.label}: wall time, go -> exit", result.wall, "s", ".2f")
+        cpu = result.cpu
+        figure(f"{result.label}: client CPU/delivery", cpu.per_delivery_us(result.deliveries), "us")
+        figure(
+            f"{result.label}: machine CPU busy",
+            cpu.machine_busy * 100,
+            f"% of {cpu.cores} cores",
+            ".0f",
+        )
+        workers = ", ".join(f"{w} {n:,}" for w, n in sorted(result.by_worker.items()))
+        print(f"  rows by worker: {workers}")
+        print(f"  background: {result.background}")
+    relay_ratio = one.per_second / raw.per_second
+    scaling = two.per_second / one.per_second
+    relay_verdict = verdict_of(relay_ratio >= TARGET_RELAY_RATIO)
+    scaling_verdict = verdict_of(scaling >= TARGET_SCALING)
+    figure(
+        "ratio one process / raw (deliveries/s)",
+        relay_ratio,
+        f"target >= {TARGET_RELAY_RATIO}: {relay_verdict}",
+        ".3f",
+    )
+    figure(
+        "ratio two processes / one (deliveries/s)",
+        scaling,
+        f"target >= {TARGET_SCALING}: {scaling_verdict}",
+        ".3f",
+    )
+    summary += [
+        (
+            "relay latency, median (paced)",
+            f"{median:.1f} ms",
+            f"< {TARGET_LATENCY_MS:.0f}",
+            latency_verdict,
+        ),
+        ("  p95 (paced)", f"{outbox.p95_ms(paced.from_recorded):.1f} ms", "", ""),
+        (
+            "  median (unpaced, NOTIFY coalesced)",
+            f"{outbox.median_ms(unpaced.from_recorded):.1f} ms",
+            "",
+            "",
+        ),
+        ("raw psycopg 3 (relay rows)", f"{raw.per_second:,.0f} dlv/s", "", ""),
+        ("deliver_events x 1", f"{one.per_second:,.0f} dlv/s", "", ""),
+        (
+            "  ratio one process / raw",
+            f"{relay_ratio:.3f}",
+            f">= {TARGET_RELAY_RATIO}",
+            relay_verdict,
+        ),
+        ("deliver_events x 2", f"{two.per_second:,.0f} dlv/s", "", ""),
+        ("  ratio two processes / one", f"{scaling:.3f}", f">= {TARGET_SCALING}", scaling_verdict),
+    ]
+
+
+def print_states(outbox: Any, comparison: Any) -> list[int]:
+    """Each table state's medians, query count and plans; returns the query counts."""
+    for probe in (comparison.empty, comparison.large):
+        claim, health = outbox.median_ms(probe.claim), outbox.median_ms(probe.health)
+        figure(f"{probe.label}: claim_batch(limit=50), median", claim, "ms", ".2f")
+        figure(f"{probe.label}: outbox_health(), median", health, "ms", ".2f")
+        figure(f"{probe.label}: outbox_health() queries", probe.health_queries, "queries")
+        claim, health = outbox.median_ms(probe.claim_server), outbox.median_ms(probe.health_server)
+        figure(f"{probe.label}: claim, in the server", claim, "ms", ".2f")
+        figure(f"{probe.label}: outbox_health(), in the server", health, "ms", ".2f")
+        print(f"  claim scans: {probe.claim_plan}")
+        for number, plan in enumerate(probe.health_plans, 1):
+            print(f"  outbox_health() query {number} scans: {plan}")
+    print(f"  background: {comparison.large.background}")
+    for what in ("claim", "health"):
+        ratio = comparison.ratio(f"{what}_server")
+        name = "claim" if what == "claim" else "outbox_health()"
+        figure(f"ratio {name} in the server, {comparison.large.label} / empty", ratio, "", ".3f")
+    return [comparison.empty.health_queries, comparison.large.health_queries]
+
+
+def compared(what: str, value: float, target: float, state: str) -> str:
+    """Print the ratio ``state`` / empty of ``what`` against its upper bound; PASS/MISS."""
+    verdict = verdict_of(value <= target)
+    figure(f"ratio {what}, {state} / empty", value, f"target <= {target}: {verdict}", ".3f")
+    return verdict
+
+
+def section_claim(outbox: Any, sizes: dict[str, int], summary: Summary, note: str) -> None:
+    settled, scheduled, reps = sizes["claim_settled"], sizes["claim_scheduled"], sizes["reps"]
+    print(
+        f"== 6. claim_batch() and outbox_health(): an empty table vs {settled:,} settled + "
+        f"{scheduled:,} scheduled rows (due in 30 days); medians of {reps} calls in each "
+        f"state, alternating; each claim takes 50 fresh due rows{note}"
+    )
+    comparison = outbox.compare_states(settled, scheduled, reps, "history")
+    figure("history: seeding (generate_series, VACUUM)", comparison.seed_seconds, "s", ".1f")
+    counts = print_states(outbox, comparison)
+    claim_ratio, health_ratio = comparison.ratio("claim"), comparison.ratio("health")
+    claim_verdict = compared("claim", claim_ratio, TARGET_CLAIM_RATIO, "history")
+    health_verdict = compared("outbox_health()", health_ratio, TARGET_HEALTH_RATIO, "history")
+    count_verdict = verdict_of(counts[0] == counts[1])
+    print(f"outbox_health() queries, empty / history: {counts[0]} / {counts[1]}: {count_verdict}")
+    empty, large = comparison.empty, comparison.large
+    summary += [
+        ("claim, empty table", f"{outbox.median_ms(empty.claim):.2f} ms", "", ""),
+        ("claim, with history", f"{outbox.median_ms(large.claim):.2f} ms", "", ""),
+        (
+            "  ratio history / empty",
+            f"{claim_ratio:.3f}",
+            f"<= {TARGET_CLAIM_RATIO}",
+            claim_verdict,
+        ),
+        ("outbox_health(), empty table", f"{outbox.median_ms(empty.health):.2f} ms", "", ""),
+        ("outbox_health(), with history", f"{outbox.median_ms(large.health):.2f} ms", "", ""),
+        (
+            "  ratio history / empty",
+            f"{health_ratio:.3f}",
+            f"<= {TARGET_HEALTH_RATIO}",
+            health_verdict,
+        ),
+        ("  queries, empty / history", f"{counts[0]} / {counts[1]}", "equal", count_verdict),
+    ]
+
+
+def section_scheduled(outbox: Any, sizes: dict[str, int], summary: Summary, note: str) -> None:
+    scheduled, reps = sizes["scheduled"], sizes["reps"]
+    print(
+        f"== 7. scheduled reactions: an empty table vs {scheduled:,} rows scheduled 30 days "
+        f"out (pending, available_at = due_at); medians of {reps} calls in each state, "
+        f"alternating; each claim takes 50 fresh due rows{note}"
+    )
+    comparison = outbox.compare_states(0, scheduled, reps, "scheduled")
+    figure("scheduled: seeding (generate_series, VACUUM)", comparison.seed_seconds, "s", ".1f")
+    counts = print_states(outbox, comparison)
+    claim_ratio = comparison.ratio("claim")
+    claim_verdict = compared("claim", claim_ratio, TARGET_CLAIM_RATIO, "scheduled")
+    health_ratio = comparison.ratio("health")
+    figure("ratio outbox_health(), scheduled / empty", health_ratio, "(no target)", ".3f")
+    count_verdict = verdict_of(counts[0] == counts[1])
+    print(f"outbox_health() queries, empty / scheduled: {counts[0]} / {counts[1]}: {count_verdict}")
+    large = comparison.large
+    summary += [
+        ("claim, with scheduled rows", f"{outbox.median_ms(large.claim):.2f} ms", "", ""),
+        (
+            "  ratio scheduled / empty",
+            f"{claim_ratio:.3f}",
+            f"<= {TARGET_CLAIM_RATIO}",
+            claim_verdict,
+        ),
+        (
+            "outbox_health(), with scheduled rows",
+            f"{outbox.median_ms(large.health):.2f} ms",
+            "",
+            "",
+        ),
+        ("  ratio scheduled / empty", f"{health_ratio:.3f}", "", ""),
+        ("  queries, empty / scheduled", f"{counts[0]} / {counts[1]}", "equal", count_verdict),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the sizes")
     parser.add_argument("--profile", action="store_true", help="cProfile a drain as well")
     parser.add_argument(
         "--only",
-        choices=["fire", "delivery", "breakdown"],
-        help="run one part: fire (1.), delivery (2. and 3.) or breakdown (4.)",
+        choices=["fire", "delivery", "breakdown", "relay", "claim", "scheduled"],
+        help="run one part: fire (1.), delivery (2. and 3.), breakdown (4.), relay (5.), "
+        "claim (6.) or scheduled (7.)",
     )
     args = parser.parse_args(argv)
     scale = 10 if args.quick else 1
-    sizes = {name: max(1, size // scale) for name, size in FULL_SIZES.items()}
+    sizes = {
+        name: max(QUICK_FLOOR.get(name, 1) if args.quick else 1, size // scale)
+        for name, size in FULL_SIZES.items()
+    }
     note = " [quick: a tenth of the sizes]" if args.quick else ""
 
     began = time.perf_counter()
@@ -206,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     rebuild_schema()
 
-    from bench import measure
+    from bench import measure, measure_outbox
 
     measure.check_seed_matches_fire()
     summary: Summary = []
@@ -217,8 +435,14 @@ def main(argv: list[str] | None = None) -> int:
         verdict = section_delivery(measure, sizes, summary, note)
     if args.only in (None, "breakdown"):
         section_breakdown(measure, sizes, summary, note)
+    if args.only in (None, "relay"):
+        section_relay(measure_outbox, sizes, summary, note)
+    if args.only in (None, "claim"):
+        section_claim(measure_outbox, sizes, summary, note)
+    if args.only in (None, "scheduled"):
+        section_scheduled(measure_outbox, sizes, summary, note)
     if args.profile:
-        print(f"== 5. cProfile of deliver_pending() over {sizes['profile']:,} rows")
+        print(f"== 8. cProfile of deliver_pending() over {sizes['profile']:,} rows")
         print(measure.profile_ours(sizes["profile"]))
     elif verdict == "MISS":
         print("(ratio below target: run with --profile for the hot spots)")

@@ -3,8 +3,11 @@
 Environment:
     DDE_BENCH_PG_HOST, DDE_BENCH_PG_PORT, DDE_BENCH_PG_USER, DDE_BENCH_PG_PASSWORD
     DDE_BENCH_PG_NAME   the database (default dde_bench; created by run.py when missing)
+    DDE_BENCH_SETTINGS_JSON  a JSON object merged over DJANGO_DOMAIN_EVENTS: how run.py
+                        gives a relay child process its own settings (POLL_SECONDS, ...)
 """
 
+import json
 import os
 
 SECRET_KEY = "django-domain-events-bench-not-secret"
@@ -39,6 +42,7 @@ USE_I18N = False
 
 # The package defaults, spelled out: what a deployment gets without tuning.
 DJANGO_DOMAIN_EVENTS = {"WARN_OUTSIDE_ATOMIC": True, "BATCH_SIZE": 50}
+DJANGO_DOMAIN_EVENTS.update(json.loads(os.environ.get("DDE_BENCH_SETTINGS_JSON", "{}")))
 
 LOGGING = {
     "version": 1,

@@ -102,7 +102,7 @@ class _Tally:
 
 
 def outbox_health(*, now: datetime | None = None) -> OutboxHealth:
-    """The backlog, per receiver and per lane, worst first, in three queries.
+    """The backlog, per receiver and per lane, worst first, in four queries.
 
     Read from the partial indexes over owed and dead rows, so the cost follows the work
     outstanding, never the settled history. A row whose due time is ahead is scheduled,
@@ -113,22 +113,19 @@ def outbox_health(*, now: datetime | None = None) -> OutboxHealth:
     alias = router.db_for_read(DeliveryRecord)
     tallies: dict[str, _Tally] = {r.key: _Tally() for r in registry.receivers if r.durable}
     lapsed = 0
-    owed_rows = (
-        DeliveryRecord.objects.using(alias)
-        .filter(status__in=OWED_VALUES)
+    owed = DeliveryRecord.objects.using(alias).filter(status__in=OWED_VALUES)
+    # Due now: a range of the due_at index, whatever is scheduled or settled.
+    due_now = (
+        owed.filter(due_at__lte=moment)
         .annotate(
-            ahead=Case(When(due_at__gt=moment, then=True), default=False),
             expired=Case(When(expires_at__lte=moment, then=True), default=False),
-            lapsed=Case(
-                When(status=DeliveryStatus.CLAIMED, available_at__lte=moment, then=True),
-                default=False,
-            ),
+            lapsed=Case(When(available_at__lte=moment, then=True), default=False),
         )
-        .values("receiver_key", "status", "ahead", "expired", "lapsed")
+        .values("receiver_key", "status", "expired", "lapsed")
         .annotate(n=Count("pk"), oldest=Min("due_at"))
         .order_by()
     )
-    for row in owed_rows:
+    for row in due_now:
         tally = tallies.setdefault(row["receiver_key"], _Tally())
         if row["expired"]:
             tally.dead += row["n"]
@@ -136,9 +133,21 @@ def outbox_health(*, now: datetime | None = None) -> OutboxHealth:
         if row["status"] == DeliveryStatus.CLAIMED:
             tally.claimed += row["n"]
             lapsed += row["n"] if row["lapsed"] else 0
-        if row["ahead"] and row["status"] == DeliveryStatus.PENDING:
+        tally.add_owed(row["n"], row["oldest"])
+    # Due later: counted from the index alone. Only a pending row can be ahead of its due
+    # time, unless ``now`` is in the past; such a claimed or failed row still counts owed.
+    ahead = (
+        owed.filter(due_at__gt=moment)
+        .values("receiver_key", "status")
+        .annotate(n=Count("pk"), oldest=Min("due_at"))
+        .order_by()
+    )
+    for row in ahead:
+        tally = tallies.setdefault(row["receiver_key"], _Tally())
+        if row["status"] == DeliveryStatus.PENDING:
             tally.scheduled += row["n"]
         else:
+            tally.claimed += row["n"] if row["status"] == DeliveryStatus.CLAIMED else 0
             tally.add_owed(row["n"], row["oldest"])
     dead_rows = (
         DeliveryRecord.objects.using(alias)

@@ -114,7 +114,14 @@ class DeliveryRecord(models.Model):
                 name="dde_delivery_claim",
                 condition=Q(status__in=OWED_VALUES),
             ),
-            # Health: owed, scheduled and claimed per receiver, oldest due first.
+            # Health: the work due now, read without touching the table (PostgreSQL).
+            models.Index(
+                fields=["due_at"],
+                name="dde_delivery_due",
+                include=["receiver_key", "status", "available_at", "expires_at"],
+                condition=Q(status__in=OWED_VALUES),
+            ),
+            # Health: scheduled (and owed) rows counted per receiver.
             models.Index(
                 fields=["receiver_key", "status", "due_at"],
                 name="dde_delivery_owed",
