@@ -358,7 +358,7 @@ def _loop(
     alias = database_alias()
     listener = Listener(alias) if wakes_by_notify(alias) else None
     outage_pause = min(settings.POLL_SECONDS, 2.0)
-    last_prune = float("-inf")
+    last_prune = last_activity = float("-inf")
     done = 0
     try:
         while not state.stop() and (passes is None or done < passes):
@@ -390,7 +390,14 @@ def _loop(
             done += 1
             if once and not claimed:
                 break
+            if claimed:
+                last_activity = time.monotonic()
             if claimed or state.stop() or (passes is not None and done >= passes):
+                continue
+            # Senders hold back NOTIFYs for NOTIFY_COALESCE_SECONDS after each one, so
+            # right after activity the relay looks often instead of waiting to be woken.
+            if time.monotonic() - last_activity < settings.NOTIFY_COALESCE_SECONDS:
+                _wait(listener, min(settings.POLL_SECONDS, 0.05), state)
                 continue
             prune_now = (
                 prune is not None
@@ -400,7 +407,8 @@ def _loop(
             if prune_now:
                 last_prune = time.monotonic()
             _idle_work(prune if prune_now else None)
-            _wait(listener, settings.POLL_SECONDS, state)
+            if _wait(listener, settings.POLL_SECONDS, state):
+                last_activity = time.monotonic()
     finally:
         _close(alias, listener)
     return state.counts
@@ -416,8 +424,8 @@ def _idle_work(prune: Callable[[], object] | None) -> None:
         logger.exception("The relay's idle work (expiry sweep, prune) failed; it will retry.")
 
 
-def _wait(listener: Listener | None, poll: float, state: _Pass) -> None:
-    """Sleep until woken, the poll interval passes, a pause ends, or a stop arrives."""
+def _wait(listener: Listener | None, poll: float, state: _Pass) -> bool:
+    """Sleep until woken (True), the poll interval passes, a pause ends, or a stop arrives."""
     timeout = poll
     if state.paused_until:
         timeout = max(0.0, min(timeout, min(state.paused_until.values()) - time.monotonic()))
@@ -425,17 +433,18 @@ def _wait(listener: Listener | None, poll: float, state: _Pass) -> None:
     while not state.stop():
         left = deadline - time.monotonic()
         if left <= 0:
-            return
+            return False
         step = min(left, 0.25)
         if listener is not None:
             try:
                 if listener.wait(step):
-                    return
+                    return True
             except Exception:
                 listener.close()
                 time.sleep(step)
         else:
             time.sleep(step)
+    return False
 
 
 def _close(alias: str, listener: Listener | None) -> None:
