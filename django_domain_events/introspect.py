@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import router
+from django.db import connections, router
 from django.db.models import Case, Count, Min, When
 
 from . import clock, conf
@@ -114,17 +114,7 @@ def outbox_health(*, now: datetime | None = None) -> OutboxHealth:
     tallies: dict[str, _Tally] = {r.key: _Tally() for r in registry.receivers if r.durable}
     lapsed = 0
     owed = DeliveryRecord.objects.using(alias).filter(status__in=OWED_VALUES)
-    # Due now: a range of the due_at index, whatever is scheduled or settled.
-    due_now = (
-        owed.filter(due_at__lte=moment)
-        .annotate(
-            expired=Case(When(expires_at__lte=moment, then=True), default=False),
-            lapsed=Case(When(available_at__lte=moment, then=True), default=False),
-        )
-        .values("receiver_key", "status", "expired", "lapsed")
-        .annotate(n=Count("pk"), oldest=Min("due_at"))
-        .order_by()
-    )
+    due_now = _due_now(alias, owed, moment)
     for row in due_now:
         tally = tallies.setdefault(row["receiver_key"], _Tally())
         if row["expired"]:
@@ -166,6 +156,48 @@ def outbox_health(*, now: datetime | None = None) -> OutboxHealth:
             LanePause(worker_id=pause.worker_id, paused_at=pause.paused_at, until=pause.until)
         )
     return _assemble(tallies, pauses, lapsed)
+
+
+_DUE_NOW_SQL = """
+SELECT receiver_key, status, expires_at <= %(now)s AS expired,
+       available_at <= %(now)s AS lapsed, count(*) AS n, min(due_at) AS oldest
+FROM (
+    SELECT receiver_key, status, expires_at, available_at, due_at
+    FROM {table}
+    WHERE status IN ('pending', 'failed', 'claimed') AND due_at <= %(now)s
+    ORDER BY due_at
+) AS due
+GROUP BY 1, 2, 3, 4
+"""
+
+
+def _due_now(alias: str, owed: Any, moment: datetime) -> list[dict[str, Any]]:
+    """Owed rows due at ``moment``, grouped: a range of the due_at index, never the table.
+
+    On PostgreSQL the range is read in index order inside a sub-select: the planner
+    cannot know that settled rows (all due long ago) are not in the partial index, and
+    without the order it may scan the whole table instead.
+    """
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        table = connection.ops.quote_name(DeliveryRecord._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(_DUE_NOW_SQL.format(table=table), {"now": moment})
+            names = [column[0] for column in cursor.description]
+            return [
+                {**dict(zip(names, row, strict=True)), "oldest": clock.normalize(row[5])}
+                for row in cursor.fetchall()
+            ]
+    return list(
+        owed.filter(due_at__lte=moment)
+        .annotate(
+            expired=Case(When(expires_at__lte=moment, then=True), default=False),
+            lapsed=Case(When(available_at__lte=moment, then=True), default=False),
+        )
+        .values("receiver_key", "status", "expired", "lapsed")
+        .annotate(n=Count("pk"), oldest=Min("due_at"))
+        .order_by()
+    )
 
 
 def _worst_first(tally: _Tally, name: str) -> tuple[Any, ...]:

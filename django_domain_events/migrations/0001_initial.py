@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -15,109 +14,182 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='ReceiverMark',
+            name="ReceiverMark",
             fields=[
-                ('receiver_key', models.CharField(max_length=255, primary_key=True, serialize=False)),
-                ('last_succeeded_at', models.DateTimeField()),
+                (
+                    "receiver_key",
+                    models.CharField(max_length=255, primary_key=True, serialize=False),
+                ),
+                ("last_succeeded_at", models.DateTimeField()),
             ],
             options={
-                'verbose_name': 'receiver mark',
+                "verbose_name": "receiver mark",
             },
         ),
         migrations.CreateModel(
-            name='EventRecord',
+            name="EventRecord",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('name', models.CharField(db_index=True, max_length=255)),
-                ('version', models.PositiveIntegerField(default=1)),
-                ('payload', models.JSONField(default=dict)),
-                ('occurred_at', models.DateTimeField()),
-                ('recorded_at', models.DateTimeField(db_index=True)),
-                ('actor_key', models.CharField(blank=True, default='', max_length=255)),
-                ('actor_label', models.CharField(blank=True, default='', max_length=255)),
-                ('scope', models.JSONField(blank=True, default=dict)),
-                ('correlation_id', models.CharField(blank=True, db_index=True, default='', max_length=255)),
-                ('causation_id', models.BigIntegerField(blank=True, null=True)),
-                ('dedupe_key', models.CharField(blank=True, max_length=255, null=True)),
-                ('suppressed_reason', models.CharField(blank=True, default='', max_length=255)),
-                ('retention_seconds', models.BigIntegerField(blank=True, null=True)),
-                ('delete_when', models.CharField(blank=True, default='', max_length=16)),
-                ('prune_after', models.DateTimeField(blank=True, db_index=True, null=True)),
-                ('actor', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("name", models.CharField(db_index=True, max_length=255)),
+                ("version", models.PositiveIntegerField(default=1)),
+                ("payload", models.JSONField(default=dict)),
+                ("occurred_at", models.DateTimeField()),
+                ("recorded_at", models.DateTimeField(db_index=True)),
+                ("actor_key", models.CharField(blank=True, default="", max_length=255)),
+                ("actor_label", models.CharField(blank=True, default="", max_length=255)),
+                ("scope", models.JSONField(blank=True, default=dict)),
+                (
+                    "correlation_id",
+                    models.CharField(blank=True, db_index=True, default="", max_length=255),
+                ),
+                ("causation_id", models.BigIntegerField(blank=True, null=True)),
+                ("dedupe_key", models.CharField(blank=True, max_length=255, null=True)),
+                ("suppressed_reason", models.CharField(blank=True, default="", max_length=255)),
+                ("retention_seconds", models.BigIntegerField(blank=True, null=True)),
+                ("delete_when", models.CharField(blank=True, default="", max_length=16)),
+                ("prune_after", models.DateTimeField(blank=True, db_index=True, null=True)),
+                (
+                    "actor",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'event',
+                "verbose_name": "event",
             },
         ),
         migrations.CreateModel(
-            name='DeliveryRecord',
+            name="DeliveryRecord",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('receiver_key', models.CharField(max_length=255)),
-                ('target', models.CharField(blank=True, default='', max_length=255)),
-                ('status', models.CharField(choices=[('pending', 'pending'), ('claimed', 'claimed'), ('succeeded', 'succeeded'), ('failed', 'failed'), ('dead', 'dead'), ('orphaned', 'orphaned'), ('cancelled', 'cancelled')], default='pending', max_length=16)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('max_attempts', models.PositiveIntegerField(blank=True, null=True)),
-                ('available_at', models.DateTimeField()),
-                ('due_at', models.DateTimeField()),
-                ('expires_at', models.DateTimeField(blank=True, null=True)),
-                ('claimed_by', models.CharField(blank=True, default='', max_length=255)),
-                ('claimed_at', models.DateTimeField(blank=True, null=True)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('last_error', models.TextField(blank=True, default='')),
-                ('completed_at', models.DateTimeField(blank=True, null=True)),
-                ('succeeded_at', models.DateTimeField(blank=True, null=True)),
-                ('event', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='deliveries', to='django_domain_events.eventrecord')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("receiver_key", models.CharField(max_length=255)),
+                ("target", models.CharField(blank=True, default="", max_length=255)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "pending"),
+                            ("claimed", "claimed"),
+                            ("succeeded", "succeeded"),
+                            ("failed", "failed"),
+                            ("dead", "dead"),
+                            ("orphaned", "orphaned"),
+                            ("cancelled", "cancelled"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("max_attempts", models.PositiveIntegerField(blank=True, null=True)),
+                ("available_at", models.DateTimeField()),
+                ("due_at", models.DateTimeField()),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ("claimed_by", models.CharField(blank=True, default="", max_length=255)),
+                ("claimed_at", models.DateTimeField(blank=True, null=True)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("last_error", models.TextField(blank=True, default="")),
+                ("completed_at", models.DateTimeField(blank=True, null=True)),
+                ("succeeded_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "event",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="deliveries",
+                        to="django_domain_events.eventrecord",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'delivery',
-                'verbose_name_plural': 'deliveries',
+                "verbose_name": "delivery",
+                "verbose_name_plural": "deliveries",
             },
         ),
         migrations.CreateModel(
-            name='LanePause',
+            name="LanePause",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('lane', models.CharField(max_length=64)),
-                ('worker_id', models.CharField(max_length=255)),
-                ('paused_at', models.DateTimeField()),
-                ('until', models.DateTimeField(db_index=True)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("lane", models.CharField(max_length=64)),
+                ("worker_id", models.CharField(max_length=255)),
+                ("paused_at", models.DateTimeField()),
+                ("until", models.DateTimeField(db_index=True)),
             ],
             options={
-                'verbose_name': 'lane pause',
-                'constraints': [models.UniqueConstraint(fields=('lane', 'worker_id'), name='dde_lane_pause_unique')],
+                "verbose_name": "lane pause",
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("lane", "worker_id"), name="dde_lane_pause_unique"
+                    )
+                ],
             },
         ),
         migrations.AddConstraint(
-            model_name='eventrecord',
-            constraint=models.UniqueConstraint(fields=('name', 'dedupe_key'), name='dde_event_dedupe'),
+            model_name="eventrecord",
+            constraint=models.UniqueConstraint(
+                fields=("name", "dedupe_key"), name="dde_event_dedupe"
+            ),
         ),
         migrations.AddIndex(
-            model_name='deliveryrecord',
-            index=models.Index(condition=models.Q(('status__in', ('pending', 'failed', 'claimed'))), fields=['available_at', 'id'], name='dde_delivery_claim'),
+            model_name="deliveryrecord",
+            index=models.Index(
+                condition=models.Q(("status__in", ("pending", "failed", "claimed"))),
+                fields=["available_at", "id"],
+                name="dde_delivery_claim",
+            ),
         ),
         migrations.AddIndex(
-            model_name='deliveryrecord',
-            index=models.Index(condition=models.Q(('status__in', ('pending', 'failed', 'claimed'))), fields=['due_at'], include=('receiver_key', 'status', 'available_at', 'expires_at'), name='dde_delivery_due'),
+            model_name="deliveryrecord",
+            index=models.Index(
+                condition=models.Q(("status__in", ("pending", "failed", "claimed"))),
+                fields=["due_at"],
+                include=("receiver_key", "status", "available_at", "expires_at"),
+                name="dde_delivery_due",
+            ),
         ),
         migrations.AddIndex(
-            model_name='deliveryrecord',
-            index=models.Index(condition=models.Q(('status__in', ('pending', 'failed', 'claimed'))), fields=['receiver_key', 'status', 'due_at'], name='dde_delivery_owed'),
+            model_name="deliveryrecord",
+            index=models.Index(
+                condition=models.Q(("status__in", ("pending", "failed", "claimed"))),
+                fields=["receiver_key", "status", "due_at"],
+                name="dde_delivery_owed",
+            ),
         ),
         migrations.AddIndex(
-            model_name='deliveryrecord',
-            index=models.Index(condition=models.Q(('status', 'dead')), fields=['receiver_key', 'completed_at'], name='dde_delivery_dead'),
+            model_name="deliveryrecord",
+            index=models.Index(
+                condition=models.Q(("status", "dead")),
+                fields=["receiver_key", "completed_at"],
+                name="dde_delivery_dead",
+            ),
         ),
         migrations.AddIndex(
-            model_name='deliveryrecord',
-            index=models.Index(condition=models.Q(('expires_at__isnull', False), ('status__in', ('pending', 'failed', 'claimed'))), fields=['expires_at'], name='dde_delivery_expiry'),
+            model_name="deliveryrecord",
+            index=models.Index(
+                condition=models.Q(
+                    ("expires_at__isnull", False), ("status__in", ("pending", "failed", "claimed"))
+                ),
+                fields=["expires_at"],
+                name="dde_delivery_expiry",
+            ),
         ),
         migrations.AddIndex(
-            model_name='deliveryrecord',
-            index=models.Index(condition=models.Q(('succeeded_at__isnull', False)), fields=['receiver_key', 'succeeded_at'], name='dde_delivery_success'),
+            model_name="deliveryrecord",
+            index=models.Index(
+                condition=models.Q(("succeeded_at__isnull", False)),
+                fields=["receiver_key", "succeeded_at"],
+                name="dde_delivery_success",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='deliveryrecord',
-            constraint=models.UniqueConstraint(fields=('event', 'receiver_key', 'target'), name='dde_delivery_unique'),
+            model_name="deliveryrecord",
+            constraint=models.UniqueConstraint(
+                fields=("event", "receiver_key", "target"), name="dde_delivery_unique"
+            ),
         ),
     ]
