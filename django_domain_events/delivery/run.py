@@ -180,7 +180,7 @@ def attempt(
             if not acknowledged:
                 raise _LeaseLost
     except _LeaseLost:
-        _warn_lease_lost(claim, receiver)
+        _warn_lease_lost(claim)
         return None, None
     except Exception as error:
         return record_failure(claim, receiver, error, now=now)
@@ -226,7 +226,7 @@ def _settle_unrun(
         },
     )
     if not written:
-        _warn_lease_lost(claim, receiver)
+        _warn_lease_lost(claim)
         return None, None
     _log_unrun(claim.id, claim.event_name, claim.event_id, claim.receiver_key, status, reason)
     if status is DeliveryStatus.DEAD and receiver is not None and receiver.on_failure:
@@ -273,7 +273,7 @@ def record_failure(
             assignments["available_at"] = outcome.available_at
     written = _update_claimed(alias, claim, assignments)  # one statement: no transaction
     if not written:
-        _warn_lease_lost(claim, receiver)
+        _warn_lease_lost(claim)
         return None, None
     if outcome.tells_on_failure:
         _log_failure(claim, outcome.status, outcome.last_error, error)
@@ -331,7 +331,7 @@ def _log_unrun(
     )
 
 
-def _warn_lease_lost(claim: Claim, receiver: RegisteredReceiver | None) -> None:
+def _warn_lease_lost(claim: Claim) -> None:
     logger.warning(
         "Delivery %s to %s: the lease taken at %s by %s lapsed before the outcome was "
         "recorded, and another worker holds the row; nothing was recorded. If the "
@@ -341,7 +341,6 @@ def _warn_lease_lost(claim: Claim, receiver: RegisteredReceiver | None) -> None:
         claim.claimed_at.isoformat(),
         claim.claimed_by,
     )
-    del receiver
 
 
 def expire_overdue(*, now: datetime | None = None, limit: int = 500) -> int:
