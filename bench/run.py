@@ -361,6 +361,29 @@ def section_claim(outbox: Any, sizes: dict[str, int], summary: Summary, note: st
         ),
         ("  queries, empty / history", f"{counts[0]} / {counts[1]}", "equal", count_verdict),
     ]
+    # The same with the settled history alone: what "never walks history" is about.
+    settled_only = outbox.compare_states(settled, 0, reps, "settled")
+    settled_ratio = settled_only.ratio("health")
+    print(
+        f"outbox_health(), {settled:,} settled rows only: "
+        f"{outbox.median_ms(settled_only.large.health):.2f} ms vs "
+        f"{outbox.median_ms(settled_only.empty.health):.2f} ms empty"
+    )
+    settled_verdict = compared("outbox_health()", settled_ratio, TARGET_HEALTH_RATIO, "settled")
+    summary += [
+        (
+            "outbox_health(), settled history only",
+            f"{outbox.median_ms(settled_only.large.health):.2f} ms",
+            "",
+            "",
+        ),
+        (
+            "  ratio settled / empty",
+            f"{settled_ratio:.3f}",
+            f"<= {TARGET_HEALTH_RATIO}",
+            settled_verdict,
+        ),
+    ]
 
 
 def section_scheduled(outbox: Any, sizes: dict[str, int], summary: Summary, note: str) -> None:
