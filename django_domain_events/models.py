@@ -9,6 +9,9 @@ history.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -34,6 +37,49 @@ TERMINAL = (
     DeliveryStatus.CANCELLED,
 )
 OWED_VALUES = tuple(s.value for s in OWED)
+
+
+class PartialIndex(models.Index):
+    """An index over some rows only, where the database has partial indexes.
+
+    PostgreSQL and SQLite get ``fields`` restricted by ``where`` (and, on PostgreSQL, the
+    ``covering`` columns included). MariaDB and MySQL have no partial indexes: they get
+    the ``fallback`` columns, led by ``status``, so a range on status still skips settled
+    history. Declared this way rather than with ``condition=``, which those databases
+    would silently ignore, leaving an index over the whole history.
+    """
+
+    def __init__(
+        self,
+        *,
+        fields: Sequence[str],
+        name: str,
+        where: Q,
+        fallback: Sequence[str],
+        covering: Sequence[str] = (),
+    ) -> None:
+        super().__init__(fields=list(fields), name=name)
+        self.where = where
+        self.fallback = list(fallback)
+        self.covering = list(covering)
+
+    def deconstruct(self) -> Any:
+        path, args, kwargs = super().deconstruct()
+        kwargs.update(where=self.where, fallback=self.fallback)
+        if self.covering:
+            kwargs["covering"] = self.covering
+        return "django_domain_events.models.PartialIndex", args, kwargs
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        features = schema_editor.connection.features
+        if features.supports_partial_indexes:
+            include = self.covering if features.supports_covering_indexes else []
+            index = models.Index(
+                fields=self.fields, name=self.name, condition=self.where, include=include
+            )
+        else:
+            index = models.Index(fields=self.fallback, name=self.name)
+        return index.create_sql(model, schema_editor, using=using, **kwargs)
 
 
 class EventRecord(models.Model):
@@ -109,41 +155,47 @@ class DeliveryRecord(models.Model):
         ]
         indexes = [
             # The claim: owed rows in claim order. Partial, so settled history costs nothing.
-            models.Index(
+            PartialIndex(
                 fields=["available_at", "id"],
                 name="dde_delivery_claim",
-                condition=Q(status__in=OWED_VALUES),
+                where=Q(status__in=OWED_VALUES),
+                fallback=["status", "available_at", "id"],
             ),
             # Health: the work due now, read without touching the table (PostgreSQL).
-            models.Index(
+            PartialIndex(
                 fields=["due_at"],
                 name="dde_delivery_due",
-                include=["receiver_key", "status", "available_at", "expires_at"],
-                condition=Q(status__in=OWED_VALUES),
+                where=Q(status__in=OWED_VALUES),
+                fallback=["status", "due_at"],
+                covering=["receiver_key", "status", "available_at", "expires_at"],
             ),
             # Health: scheduled (and owed) rows counted per receiver.
-            models.Index(
+            PartialIndex(
                 fields=["receiver_key", "status", "due_at"],
                 name="dde_delivery_owed",
-                condition=Q(status__in=OWED_VALUES),
+                where=Q(status__in=OWED_VALUES),
+                fallback=["status", "receiver_key", "due_at"],
             ),
             # Dead letters per receiver, oldest first: health, dump, purge, their lifetime.
-            models.Index(
+            PartialIndex(
                 fields=["receiver_key", "completed_at"],
                 name="dde_delivery_dead",
-                condition=Q(status=DeliveryStatus.DEAD),
+                where=Q(status=DeliveryStatus.DEAD),
+                fallback=["status", "receiver_key", "completed_at"],
             ),
             # Rows with a lifetime, by its end: the relay's sweep of expired rows.
-            models.Index(
+            PartialIndex(
                 fields=["expires_at"],
                 name="dde_delivery_expiry",
-                condition=Q(status__in=OWED_VALUES, expires_at__isnull=False),
+                where=Q(status__in=OWED_VALUES, expires_at__isnull=False),
+                fallback=["status", "expires_at"],
             ),
             # Each receiver's newest success, for quiet_receivers(); kept through a replay.
-            models.Index(
+            PartialIndex(
                 fields=["receiver_key", "succeeded_at"],
                 name="dde_delivery_success",
-                condition=Q(succeeded_at__isnull=False),
+                where=Q(succeeded_at__isnull=False),
+                fallback=["receiver_key", "succeeded_at"],
             ),
         ]
 
