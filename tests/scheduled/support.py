@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 
+from django_domain_events import event
 from django_domain_events.models import DeliveryRecord, EventRecord
 from tests.support import command as run_command
 from tests.support import fire_one as fire_one  # re-exported for the scheduled tests
+
+
+@event(name="scheduled.OfferMade")
+@dataclass(frozen=True)
+class OfferMade:
+    """The seed's event: an offer was made (its receivers are declared per test)."""
+
+    offer_id: int
+
+
+@dataclass
+class Offer:
+    """Stands in for the seed's Offer model: the tests keep offers in a dict."""
+
+    expires_at: datetime
+    accepted: bool = False
+    expired: bool = False
+
+    def expire(self) -> None:
+        self.expired = True
 
 
 def now() -> datetime:

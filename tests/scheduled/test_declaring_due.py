@@ -24,6 +24,7 @@ from tests.scheduled.support import (
     DAY,
     HOUR,
     SECOND,
+    OfferMade,
     event_row,
     fire_one,
     now,
@@ -33,12 +34,6 @@ from tests.scheduled.support import (
 )
 
 pytestmark = pytest.mark.django_db
-
-
-@event(name="scheduled.declaring.OfferMade")
-@dataclass(frozen=True)
-class OfferMade:
-    offer_id: int
 
 
 @event(name="scheduled.declaring.NewsletterScheduled")

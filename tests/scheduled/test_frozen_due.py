@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import pytest
@@ -11,22 +10,24 @@ from django_domain_events import (
     DeliveryContext,
     DeliveryStatus,
     deliver_pending,
-    event,
     receiver,
     registry,
     replay_events,
 )
-from tests.scheduled.support import DAY, HOUR, MINUTE, event_row, fire_one, now, row
+from tests.scheduled.support import (
+    DAY,
+    HOUR,
+    MINUTE,
+    OfferMade,
+    event_row,
+    fire_one,
+    now,
+    row,
+)
 
 pytestmark = pytest.mark.django_db
 
 KEY = "scheduled.expire_offer"
-
-
-@event(name="scheduled.frozen.OfferMade")
-@dataclass(frozen=True)
-class OfferMade:
-    offer_id: int
 
 
 def declare(due: timedelta, seen: list[DeliveryContext] | None = None) -> None:

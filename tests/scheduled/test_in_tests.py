@@ -8,7 +8,6 @@ module-level dict, and ``make_offer`` fires OfferMade as the application would.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,31 +23,25 @@ from django_domain_events import (
     deliver_one,
     deliver_pending,
     drain_outbox,
-    event,
     receiver,
 )
 from django_domain_events.delivery import relay
-from tests.scheduled.support import DAY, HOUR, MINUTE, SECOND, event_row, fire_one, row, total
+from tests.scheduled.support import (
+    DAY,
+    HOUR,
+    MINUTE,
+    SECOND,
+    Offer,
+    OfferMade,
+    event_row,
+    fire_one,
+    row,
+    total,
+)
 
 pytestmark = pytest.mark.django_db
 
 KEY = "scheduled.in_tests"
-
-
-@event(name="scheduled.in_tests.OfferMade")
-@dataclass(frozen=True)
-class OfferMade:
-    offer_id: int
-
-
-@dataclass
-class Offer:
-    expires_at: datetime
-    accepted: bool = False
-    expired: bool = False
-
-    def expire(self) -> None:
-        self.expired = True
 
 
 OFFERS: dict[int, Offer] = {}

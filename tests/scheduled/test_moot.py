@@ -32,19 +32,13 @@ from django_domain_events import (
 from django_domain_events.delivery.run import attempt
 from django_domain_events.models import DeliveryRecord, EventRecord
 from tests.app.models import Order
-from tests.scheduled.support import DAY, MINUTE, SECOND, command, fire_one, row
+from tests.scheduled.support import DAY, MINUTE, SECOND, OfferMade, command, fire_one, row
 
 pytestmark = pytest.mark.django_db
 
 EXPIRE = "offers.expire_offer"
 SEND = "offers.send_offer"
 HOURS_48 = timedelta(hours=48)
-
-
-@event(name="scheduled.moot.OfferMade")
-@dataclass(frozen=True)
-class OfferMade:
-    offer_id: int
 
 
 @event(name="scheduled.moot.UntilConsumed", retention=Retention.SUCCEEDED)
@@ -280,7 +274,7 @@ def test_the_event_id_is_found_through_the_event_log_by_name_and_payload() -> No
     on the offer - or find it through the event log by name and payload, which is a query on the
     event table'."""
     offer = make_offer()
-    found = EventRecord.objects.get(name="scheduled.moot.OfferMade", payload__offer_id=offer.pk)
+    found = EventRecord.objects.get(name="scheduled.OfferMade", payload__offer_id=offer.pk)
     assert found.pk == offer.total  # the column kept what fire() returned
     assert cancel_deliveries([found.pk], receiver_key=EXPIRE)["cancelled"] == 1
 

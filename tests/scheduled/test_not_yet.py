@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,35 +30,29 @@ from django_domain_events import (
     deliver_one,
     deliver_pending,
     drain_outbox,
-    event,
     fire,
     outbox_health,
     receiver,
 )
 from django_domain_events.models import DeliveryRecord, EventRecord
 from tests.app.models import Order
-from tests.scheduled.support import DAY, HOUR, MINUTE, SECOND, event_row, fire_one, row, total
+from tests.scheduled.support import (
+    DAY,
+    HOUR,
+    MINUTE,
+    SECOND,
+    Offer,
+    OfferMade,
+    event_row,
+    fire_one,
+    row,
+    total,
+)
 
 pytestmark = pytest.mark.django_db
 
 EXPIRE = "waitlist.expire_offer"
 KEY = "scheduled.not_yet"
-
-
-@event(name="scheduled.not_yet.OfferMade")
-@dataclass(frozen=True)
-class OfferMade:
-    offer_id: int
-
-
-@dataclass
-class Offer:
-    expires_at: datetime
-    accepted: bool = False
-    expired: bool = False
-
-    def expire(self) -> None:
-        self.expired = True
 
 
 OFFERS: dict[int, Offer] = {}

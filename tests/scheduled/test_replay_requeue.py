@@ -21,19 +21,22 @@ from django_domain_events import (
     requeue_dead,
 )
 from django_domain_events.models import DeliveryRecord
-from tests.scheduled.support import DAY, MINUTE, SECOND, event_row, fire_one, row, total
+from tests.scheduled.support import (
+    DAY,
+    MINUTE,
+    SECOND,
+    OfferMade,
+    event_row,
+    fire_one,
+    row,
+    total,
+)
 
 pytestmark = pytest.mark.django_db
 
 EXPIRE = "offers.expire_offer"
 SEND = "newsletters.send"
 HOURS_48 = timedelta(hours=48)
-
-
-@event(name="scheduled.replay.OfferMade")
-@dataclass(frozen=True)
-class OfferMade:
-    offer_id: int
 
 
 @event(name="scheduled.replay.NewsletterScheduled")
