@@ -33,7 +33,7 @@ from .declare import (
 from .delivery.outcomes import DeliveryContext, receiver_lifetime_end
 from .delivery.relay import default_worker_id, deliver_one
 from .delivery.run import call_receiver
-from .delivery.wake import notify_relay
+from .delivery.wake import wake_after_commit
 from .models import DeliveryRecord, DeliveryStatus, EventRecord
 from .scope import Cause, caused_by, current_cause, current_scope, suppression_for
 
@@ -298,7 +298,7 @@ def _after_commit(
     if eager:
         transaction.on_commit(lambda: _attempt_eagerly(eager), using=alias)
     if rows:
-        transaction.on_commit(lambda: notify_relay(using=alias), using=alias)
+        wake_after_commit(alias)
 
 
 def _is_eager(key: str) -> bool:

@@ -18,7 +18,7 @@ from django.db.models import QuerySet
 from . import clock
 from .declare import RegisteredReceiver, registry
 from .delivery.outcomes import receiver_lifetime_end
-from .delivery.wake import notify_relay
+from .delivery.wake import wake_after_commit
 from .firing import resolve_due, resolve_targets
 from .models import DeliveryRecord, DeliveryStatus, EventRecord
 
@@ -54,10 +54,6 @@ def lock_events(alias: str, event_ids: Iterable[int]) -> list[int]:
     if connections[alias].features.has_select_for_update:
         events = events.select_for_update()
     return list(events.values_list("pk", flat=True))
-
-
-def _wake_on_commit(alias: str) -> None:
-    transaction.on_commit(lambda: notify_relay(using=alias), using=alias)
 
 
 def _reopened(row_receiver: RegisteredReceiver | None, due_at: datetime) -> dict[str, Any]:
@@ -143,7 +139,7 @@ def replay_events(
             r, a = _replay_event(alias, record, keys)
             reopened, added = reopened + r, added + a
         if reopened or added:
-            _wake_on_commit(alias)
+            wake_after_commit(alias)
     return {"reopened": reopened, "added": added}
 
 
@@ -255,7 +251,7 @@ def requeue_dead(
                 .update(**_reopened(registry.receiver(key), now))
             )
         if requeued:
-            _wake_on_commit(alias)
+            wake_after_commit(alias)
     return requeued
 
 

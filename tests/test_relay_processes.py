@@ -223,3 +223,18 @@ def test_the_relay_survives_a_database_restart_and_releases_its_batch(cluster: C
     finally:
         process.send_signal(signal.SIGTERM)
         finish(process)
+
+
+def test_a_transaction_with_many_events_sends_one_wake_up() -> None:
+    from django.db import connection
+
+    declare_all()
+    params = dict(connection.get_connection_params())
+    for key in ("context", "cursor_factory", "prepare_threshold"):
+        params.pop(key, None)
+    with psycopg.connect(**params, autocommit=True) as listener:
+        listener.execute('LISTEN "django_domain_events"')
+        time.sleep(0.6)  # let any earlier test's coalescing window close
+        fire_orders(10)
+        received = list(listener.notifies(timeout=1.5))
+    assert len(received) == 1

@@ -8,12 +8,14 @@ burst costs at most two NOTIFYs and the last event of it is not left to the poll
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 
 from .. import conf
 from .claim import database_alias
@@ -53,6 +55,17 @@ def notify_relay(*, using: str | None = None) -> None:
             return
         _last_sent[alias] = time.monotonic()
     _send(alias)
+
+
+_wakers: dict[str, Callable[[], None]] = {}
+
+
+def wake_after_commit(alias: str) -> None:
+    """Wake the relays once the current transaction commits: once, however many events
+    or operations the transaction holds (immediately in autocommit mode)."""
+    waker = _wakers.setdefault(alias, functools.partial(notify_relay, using=alias))
+    if not any(entry[1] is waker for entry in connections[alias].run_on_commit):
+        transaction.on_commit(waker, using=alias)
 
 
 def _send(alias: str) -> None:
