@@ -238,3 +238,13 @@ def test_stale_pause_records_are_cleaned_up_and_never_reported() -> None:
     fire_many(lambda n: Pinged(n=n), 1)
     run_relay(worker_id="relay-live", passes=1, lane=["api", "zzz"])
     assert seen == ["relay-live"]
+
+
+def test_run_relay_prunes_by_default_and_not_with_prune_none() -> None:
+    old = timezone.now() - timedelta(days=400)
+    EventRecord.objects.create(name="testapp.Pinged", payload={}, occurred_at=old, recorded_at=old)
+    with override_settings(DJANGO_DOMAIN_EVENTS={"POLL_SECONDS": 0.01}):
+        run_relay(passes=2, prune=None)
+        assert EventRecord.objects.count() == 1
+        run_relay(passes=2)
+    assert not EventRecord.objects.exists()

@@ -24,6 +24,7 @@ from django.db import DatabaseError, InterfaceError, connections
 from .. import clock, conf
 from ..declare import registry
 from ..models import DeliveryStatus, LanePause
+from ..retention import prune_events
 from .claim import (
     Claim,
     claim_batch,
@@ -306,7 +307,7 @@ def run_relay(
     batch_size: int | None = None,
     lane_batch_sizes: Mapping[str, int] | None = None,
     limit: int | None = None,
-    prune: Callable[[], object] | None = None,
+    prune: Callable[[], object] | None = prune_events,
     once: bool = False,
 ) -> Counts:
     """Deliver owed rows until stopped: the loop behind ``manage.py deliver_events``.
@@ -314,7 +315,9 @@ def run_relay(
     Waits on LISTEN/NOTIFY where available with ``POLL_SECONDS`` as the floor; survives
     the database going away; on SIGTERM/SIGINT hands back the unstarted rest of its batch
     and returns. ``once`` returns as soon as a pass finds nothing owed, instead of waiting;
-    ``passes`` returns after that many passes; ``limit`` after that many rows.
+    ``passes`` returns after that many passes; ``limit`` after that many rows. When idle it
+    calls ``prune`` (``prune_events`` unless given; ``None`` for none) at most every
+    ``RELAY_PRUNE_SECONDS``, if ``RELAY_PRUNE``.
     """
     lanes = check_lanes([lane] if isinstance(lane, str) else lane)
     check_sizes(batch_size, lane_batch_sizes)

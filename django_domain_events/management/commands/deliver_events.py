@@ -8,7 +8,6 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...declare import registry
 from ...delivery.relay import DeliveryStatus, run_relay
-from ...retention import prune_events
 
 
 def _lane_size(value: str) -> tuple[str, int]:
@@ -86,7 +85,6 @@ class Command(BaseCommand):
             batch_size=batch_size,
             lane_batch_sizes=sizes,
             limit=limit,
-            prune=prune_events,
         )
         done = ", ".join(f"{counts[s]} {s.value}" for s in DeliveryStatus if counts[s])
         self.stdout.write(f"Delivered: {done or 'nothing owed'}.")
