@@ -12,12 +12,10 @@ from django.utils import timezone
 
 from django_domain_events import (
     DeliveryStatus,
-    Retention,
     cancel_deliveries,
     claim_batch,
     deliver_pending,
     drain_outbox,
-    event,
     fire,
     prune_events,
     quiet_receivers,
@@ -29,7 +27,7 @@ from django_domain_events import (
 from django_domain_events.delivery.run import attempt
 from django_domain_events.models import DeliveryRecord, EventRecord, ReceiverMark
 from django_domain_events.operations import EventsNotFound
-from tests.app.events import OrderPlaced, Pinged
+from tests.app.events import Brief, OrderPlaced, Pinged, UntilConsumed, UntilSettled
 from tests.support import command, failing, fire_one
 
 pytestmark = pytest.mark.django_db
@@ -251,23 +249,6 @@ def test_prune_deletes_settled_events_past_the_window_and_keeps_owed_ones() -> N
 
 @pytest.fixture
 def policies() -> dict[str, type]:
-    from dataclasses import dataclass
-
-    @event(name="t.Brief", retention=timedelta(hours=1))
-    @dataclass(frozen=True)
-    class Brief:
-        n: int = 0
-
-    @event(name="t.UntilConsumed", retention=Retention.SUCCEEDED)
-    @dataclass(frozen=True)
-    class UntilConsumed:
-        n: int = 0
-
-    @event(name="t.UntilSettled", retention=Retention.SETTLED)
-    @dataclass(frozen=True)
-    class UntilSettled:
-        n: int = 0
-
     return {"brief": Brief, "consumed": UntilConsumed, "settled": UntilSettled}
 
 

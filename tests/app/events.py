@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django_domain_events import event
+from django_domain_events import Retention, event
 
 
 class Colour(enum.Enum):
@@ -43,3 +43,24 @@ class Pinged:
     when: datetime | None = None
     colour: Colour = Colour.RED
     labels: list[str] = field(default_factory=list)
+
+
+# One event per retention policy, for the prune tests.
+
+
+@event(retention=timedelta(hours=1))
+@dataclass(frozen=True)
+class Brief:
+    n: int = 0
+
+
+@event(retention=Retention.SUCCEEDED)
+@dataclass(frozen=True)
+class UntilConsumed:
+    n: int = 0
+
+
+@event(retention=Retention.SETTLED)
+@dataclass(frozen=True)
+class UntilSettled:
+    n: int = 0

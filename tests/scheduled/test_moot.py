@@ -7,7 +7,6 @@ the id fire() returned for OfferMade - "a column on the offer".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import pytest
@@ -16,13 +15,11 @@ from django.utils import timezone
 
 from django_domain_events import (
     DeliveryStatus,
-    Retention,
     cancel_deliveries,
     claim_batch,
     dead_letters,
     deliver_pending,
     drain_outbox,
-    event,
     fire,
     outbox_health,
     prune_events,
@@ -31,6 +28,7 @@ from django_domain_events import (
 )
 from django_domain_events.delivery.run import attempt
 from django_domain_events.models import DeliveryRecord, EventRecord
+from tests.app.events import UntilConsumed, UntilSettled
 from tests.app.models import Order
 from tests.scheduled.support import DAY, MINUTE, SECOND, OfferMade, command, fire_one, row
 
@@ -39,18 +37,6 @@ pytestmark = pytest.mark.django_db
 EXPIRE = "offers.expire_offer"
 SEND = "offers.send_offer"
 HOURS_48 = timedelta(hours=48)
-
-
-@event(name="scheduled.moot.UntilConsumed", retention=Retention.SUCCEEDED)
-@dataclass(frozen=True)
-class UntilConsumed:
-    n: int = 0
-
-
-@event(name="scheduled.moot.UntilSettled", retention=Retention.SETTLED)
-@dataclass(frozen=True)
-class UntilSettled:
-    n: int = 0
 
 
 runs: list[tuple[str, int]] = []

@@ -11,7 +11,6 @@ import pytest
 
 from django_domain_events import (
     DeliveryStatus,
-    Retention,
     catalogue,
     deliver_pending,
     drain_outbox,
@@ -24,6 +23,7 @@ from django_domain_events import (
 )
 from django_domain_events.introspect import ReceiverBacklog
 from django_domain_events.models import EventRecord
+from tests.app.events import Brief, UntilConsumed, UntilSettled
 from tests.scheduled.support import DAY, HOUR, MINUTE, SECOND, command, fire_one, now, row
 
 pytestmark = pytest.mark.django_db
@@ -37,24 +37,6 @@ FORTNIGHT = timedelta(days=14)
 class InvoiceIssued:
     invoice_id: int
     pay_by: datetime | None = None
-
-
-@event(name="scheduled.visibility.Brief", retention=timedelta(hours=1))
-@dataclass(frozen=True)
-class Brief:
-    n: int = 0
-
-
-@event(name="scheduled.visibility.UntilSettled", retention=Retention.SETTLED)
-@dataclass(frozen=True)
-class UntilSettled:
-    n: int = 0
-
-
-@event(name="scheduled.visibility.UntilConsumed", retention=Retention.SUCCEEDED)
-@dataclass(frozen=True)
-class UntilConsumed:
-    n: int = 0
 
 
 def pay_by(evt: InvoiceIssued) -> datetime:
