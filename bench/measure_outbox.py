@@ -38,10 +38,10 @@ from django.utils import timezone
 
 from bench import measure
 from bench.events import RELAY_NOOP_KEY, Relayed
-from django_domain_events import conf, fire
+from django_domain_events import conf, fire, tally
 from django_domain_events.delivery.claim import claim_batch
 from django_domain_events.introspect import OutboxHealth, outbox_health
-from django_domain_events.models import DeliveryRecord, DeliveryStatus, EventRecord
+from django_domain_events.models import DeliveryRecord, DeliveryStatus, EventRecord, ScheduledTally
 
 CHILD = Path(__file__).resolve().parent / "relay_child.py"
 LATENCY_POLL_SECONDS = 10  # the relay's poll: far above the target, so only NOTIFY wakes it
@@ -443,7 +443,7 @@ def vacuum_settle() -> None:
     mid-measurement, no dirty pages."""
     quote = connection.ops.quote_name
     with connection.cursor() as cursor:
-        for table in (measure.event_table(), measure.delivery_table()):
+        for table in STATE_TABLES():
             cursor.execute(f"VACUUM (ANALYZE) {quote(table)}")
         cursor.execute("CHECKPOINT")
 
@@ -475,6 +475,23 @@ def _series_sql(event_set: dict[str, str], delivery_set: dict[str, str]) -> str:
         f"SELECT {delivery_values} FROM ev CROSS JOIN {quote(measure.delivery_table())} AS t "
         "WHERE t.id = %(delivery_id)s"
     )
+
+
+# One delta per scheduled row, as that many fire() calls append them (tally.py), before
+# a relay folds them.
+_TALLY_DELTAS_SQL = """
+INSERT INTO {tally} (receiver_key, due_hour, rows)
+SELECT receiver_key, date_trunc('hour', due_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', 1
+FROM {delivery} WHERE status = 'pending' ORDER BY id
+"""
+
+
+def _tables() -> dict[str, str]:
+    quote = connection.ops.quote_name
+    return {
+        "tally": quote(str(ScheduledTally._meta.db_table)),
+        "delivery": quote(measure.delivery_table()),
+    }
 
 
 def seed_large(settled: int, scheduled: int) -> float:
@@ -519,6 +536,7 @@ def seed_large(settled: int, scheduled: int) -> float:
             cursor.execute(scheduled_sql, {**params, "count": scheduled})
         DeliveryRecord.objects.filter(pk=template).delete()
         EventRecord.objects.filter(pk=event_id).delete()
+        cursor.execute(_TALLY_DELTAS_SQL.format(**_tables()))
     found = {
         row["status"]: row["n"]
         for row in DeliveryRecord.objects.values("status").annotate(n=Count("pk")).order_by()
@@ -526,8 +544,26 @@ def seed_large(settled: int, scheduled: int) -> float:
     want = {k: v for k, v in {"succeeded": settled, "pending": scheduled}.items() if v}
     if found != want:
         raise RuntimeError(f"seeding the large table: found {found}, expected {want}")
+    if ScheduledTally.objects.count() != scheduled:
+        raise RuntimeError(
+            f"seeding the large table: {ScheduledTally.objects.count()} tally deltas for "
+            f"{scheduled} scheduled rows"
+        )
     vacuum_settle()
     return time.perf_counter() - started
+
+
+def time_unfolded(label: str, scheduled: int, reps: int) -> list[float]:
+    """``outbox_health()`` latencies while the tally still holds one delta per scheduled
+    row (the minute after they were fired, before a relay folds them); then fold them, as
+    the relay does, and settle the tables again."""
+    probe = Probe(label)
+    for index in range(WARMUP_REPS + reps):
+        _time_health(probe, scheduled, index >= WARMUP_REPS)
+    if scheduled:
+        tally.compact()
+        vacuum_settle()
+    return probe.health
 
 
 @dataclass
@@ -646,6 +682,11 @@ def _time_claim(into: Probe, timed: bool) -> None:
 STATE_SCHEMA_PREFIX = "dde_bench_state_"
 
 
+def STATE_TABLES() -> tuple[str, ...]:  # noqa: N802 - read like the constant it stands for
+    """The tables each state has its own copy of: events, deliveries, the scheduled tally."""
+    return (measure.event_table(), measure.delivery_table(), str(ScheduledTally._meta.db_table))
+
+
 def _use_state(name: str | None) -> None:
     """Resolve the tables in ``name``'s schema (lane pauses, marks: in public), or, with
     None, in public again."""
@@ -678,7 +719,7 @@ def _name_indexes_as_in_public(cursor: Any, schema: str, table: str) -> None:
 @contextlib.contextmanager
 def table_states(names: list[str]) -> Iterator[None]:
     quote = connection.ops.quote_name
-    tables = (measure.event_table(), measure.delivery_table())
+    tables = STATE_TABLES()
     with connection.cursor() as cursor:
         for name in names:
             schema = quote(f"{STATE_SCHEMA_PREFIX}{name}")
@@ -708,6 +749,7 @@ class Comparison:
     empty: Probe
     large: Probe
     seed_seconds: float
+    unfolded: list[float]  # the large state's health before the relay folded the tally
 
     def ratio(self, what: str) -> float:
         return float(
@@ -729,6 +771,7 @@ def compare_states(settled: int, scheduled: int, reps: int, label: str) -> Compa
         vacuum_settle()
         _use_state(label)
         seconds = seed_large(settled, scheduled)
+        unfolded = time_unfolded(label, expected[label], reps)
         with measure.BackgroundLoad() as load:
             for index in range(WARMUP_REPS + reps):
                 for probe in (empty, large) if index % 2 == 0 else (large, empty):
@@ -754,4 +797,4 @@ def compare_states(settled: int, scheduled: int, reps: int, label: str) -> Compa
                     probe.health_server.append(sum(e[0] for e in explained))
                     probe.health_plans = [e[1] for e in explained]
         large.background = empty.background = load.summary()
-    return Comparison(empty, large, seconds)
+    return Comparison(empty, large, seconds, unfolded)

@@ -311,6 +311,10 @@ def print_states(outbox: Any, comparison: Any) -> list[int]:
         print(f"  claim scans: {probe.claim_plan}")
         for number, plan in enumerate(probe.health_plans, 1):
             print(f"  outbox_health() query {number} scans: {plan}")
+    unfolded = outbox.median_ms(comparison.unfolded)
+    figure(
+        f"{comparison.large.label}: outbox_health() before the tally's fold", unfolded, "ms", ".2f"
+    )
     print(f"  background: {comparison.large.background}")
     for what in ("claim", "health"):
         ratio = comparison.ratio(f"{what}_server")
@@ -360,6 +364,12 @@ def section_claim(outbox: Any, sizes: dict[str, int], summary: Summary, note: st
             health_verdict,
         ),
         ("  queries, empty / history", f"{counts[0]} / {counts[1]}", "equal", count_verdict),
+        (
+            "  before the relay folds the tally",
+            f"{outbox.median_ms(comparison.unfolded):.2f} ms",
+            "",
+            "",
+        ),
     ]
     # The same with the settled history alone: what "never walks history" is about.
     settled_only = outbox.compare_states(settled, 0, reps, "settled")

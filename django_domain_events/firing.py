@@ -19,7 +19,7 @@ from functools import partial
 
 from django.db import IntegrityError, connections, router, transaction
 
-from . import clock, conf
+from . import clock, conf, tally
 from .codec import get_codec
 from .declare import (
     DURABLE,
@@ -87,6 +87,7 @@ def fire(
         rows = _delivery_rows(record, evt, receivers)
         if rows:
             DeliveryRecord.objects.using(alias).bulk_create(rows)
+            tally.record(alias, entered=[(row.receiver_key, row.due_at) for row in rows])
         _run_inline(record, evt, receivers)
         _after_commit(alias, record, evt, receivers, rows)
     return record.pk

@@ -13,6 +13,7 @@ from . import clock, conf
 from .declare import AnyEvent, RegisteredEvent, RegisteredReceiver, registry
 from .models import OWED_VALUES, DeliveryRecord, DeliveryStatus, ReceiverMark
 from .models import LanePause as PauseRecord
+from .tally import horizon, scheduled_from
 
 
 def what_listens_to(cls: type) -> list[RegisteredReceiver]:
@@ -105,40 +106,32 @@ def outbox_health(*, now: datetime | None = None) -> OutboxHealth:
     """The backlog, per receiver and per lane, worst first, in four queries.
 
     Read from the partial indexes over owed and dead rows, so the cost follows the work
-    outstanding, never the settled history. A row whose due time is ahead is scheduled,
-    not owed, and never ages the backlog; once due, its age runs from ``due_at``. A row
-    still owed past its lifetime is counted dead: it will be dead-lettered unrun.
+    outstanding, never the settled history; work due in a later hour is read from the
+    scheduled tally (``tally.py``), so it costs a row per receiver and hour, never one
+    per scheduled row. A row whose due time is ahead is scheduled, not owed, and never
+    ages the backlog; once due, its age runs from ``due_at``. A row still owed past its
+    lifetime is counted dead: it will be dead-lettered unrun.
     """
     moment = clock.normalize(now) if now is not None else clock.now()
     alias = router.db_for_read(DeliveryRecord)
     tallies: dict[str, _Tally] = {r.key: _Tally() for r in registry.receivers if r.durable}
     lapsed = 0
-    owed = DeliveryRecord.objects.using(alias).filter(status__in=OWED_VALUES)
-    due_now = _due_now(alias, owed, moment)
-    for row in due_now:
+    later = horizon(moment)
+    for row in _owed_before(alias, moment, later):
         tally = tallies.setdefault(row["receiver_key"], _Tally())
-        if row["expired"]:
-            tally.dead += row["n"]
-            continue
-        if row["status"] == DeliveryStatus.CLAIMED:
-            tally.claimed += row["n"]
-            lapsed += row["n"] if row["lapsed"] else 0
-        tally.add_owed(row["n"], row["oldest"])
-    # Due later: counted from the index alone. Only a pending row can be ahead of its due
-    # time, unless ``now`` is in the past; such a claimed or failed row still counts owed.
-    ahead = (
-        owed.filter(due_at__gt=moment)
-        .values("receiver_key", "status")
-        .annotate(n=Count("pk"), oldest=Min("due_at"))
-        .order_by()
-    )
-    for row in ahead:
-        tally = tallies.setdefault(row["receiver_key"], _Tally())
-        if row["status"] == DeliveryStatus.PENDING:
+        if row["ahead"] and row["status"] == DeliveryStatus.PENDING:
             tally.scheduled += row["n"]
+        elif row["expired"] and not row["ahead"]:
+            tally.dead += row["n"]
         else:
-            tally.claimed += row["n"] if row["status"] == DeliveryStatus.CLAIMED else 0
+            # A claimed or failed row ahead of its due time exists only when ``now`` is in
+            # the past: it still counts owed (and claimed).
+            if row["status"] == DeliveryStatus.CLAIMED:
+                tally.claimed += row["n"]
+                lapsed += row["n"] if row["lapsed"] and not row["ahead"] else 0
             tally.add_owed(row["n"], row["oldest"])
+    for key, n in scheduled_from(alias, later).items():
+        tallies.setdefault(key, _Tally()).scheduled += n
     dead_rows = (
         DeliveryRecord.objects.using(alias)
         .filter(status=DeliveryStatus.DEAD)
@@ -158,21 +151,22 @@ def outbox_health(*, now: datetime | None = None) -> OutboxHealth:
     return _assemble(tallies, pauses, lapsed)
 
 
-_DUE_NOW_SQL = """
-SELECT receiver_key, status, expires_at <= %(now)s AS expired,
+_OWED_BEFORE_SQL = """
+SELECT receiver_key, status, due_at > %(now)s AS ahead, expires_at <= %(now)s AS expired,
        available_at <= %(now)s AS lapsed, count(*) AS n, min(due_at) AS oldest
 FROM (
     SELECT receiver_key, status, expires_at, available_at, due_at
     FROM {table}
-    WHERE status IN ('pending', 'failed', 'claimed') AND due_at <= %(now)s
+    WHERE status IN ('pending', 'failed', 'claimed') AND due_at < %(later)s
     ORDER BY due_at
-) AS due
-GROUP BY 1, 2, 3, 4
+) AS owed
+GROUP BY 1, 2, 3, 4, 5
 """
 
 
-def _due_now(alias: str, owed: Any, moment: datetime) -> list[dict[str, Any]]:
-    """Owed rows due at ``moment``, grouped: a range of the due_at index, never the table.
+def _owed_before(alias: str, moment: datetime, later: datetime) -> list[dict[str, Any]]:
+    """Owed rows due before ``later`` (the tally's horizon), grouped: a range of the due_at
+    index, never the table; those due after ``moment`` are marked ``ahead``.
 
     On PostgreSQL the range is read in index order inside a sub-select: the planner
     cannot know that settled rows (all due long ago) are not in the partial index, and
@@ -182,19 +176,21 @@ def _due_now(alias: str, owed: Any, moment: datetime) -> list[dict[str, Any]]:
     if connection.vendor == "postgresql":
         table = connection.ops.quote_name(DeliveryRecord._meta.db_table)
         with connection.cursor() as cursor:
-            cursor.execute(_DUE_NOW_SQL.format(table=table), {"now": moment})
+            cursor.execute(_OWED_BEFORE_SQL.format(table=table), {"now": moment, "later": later})
             names = [column[0] for column in cursor.description]
             return [
-                {**dict(zip(names, row, strict=True)), "oldest": clock.normalize(row[5])}
+                {**dict(zip(names, row, strict=True)), "oldest": clock.normalize(row[6])}
                 for row in cursor.fetchall()
             ]
     return list(
-        owed.filter(due_at__lte=moment)
+        DeliveryRecord.objects.using(alias)
+        .filter(status__in=OWED_VALUES, due_at__lt=later)
         .annotate(
+            ahead=Case(When(due_at__gt=moment, then=True), default=False),
             expired=Case(When(expires_at__lte=moment, then=True), default=False),
             lapsed=Case(When(available_at__lte=moment, then=True), default=False),
         )
-        .values("receiver_key", "status", "expired", "lapsed")
+        .values("receiver_key", "status", "ahead", "expired", "lapsed")
         .annotate(n=Count("pk"), oldest=Min("due_at"))
         .order_by()
     )

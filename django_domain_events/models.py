@@ -1,4 +1,4 @@
-"""The two tables: the event log and the deliveries owed for it.
+"""The two tables, the event log and the deliveries owed for it, and their small helpers.
 
 A delivery row's ``available_at`` is the earliest moment any relay may claim it, for
 every status that is owed: a pending or failed row's next attempt, and a claimed row's
@@ -37,6 +37,7 @@ TERMINAL = (
     DeliveryStatus.CANCELLED,
 )
 OWED_VALUES = tuple(s.value for s in OWED)
+TERMINAL_VALUES = tuple(s.value for s in TERMINAL)
 
 
 class PartialIndex(models.Index):
@@ -202,6 +203,29 @@ class DeliveryRecord(models.Model):
     def __str__(self) -> str:
         target = f" -> {self.target}" if self.target else ""
         return f"{self.receiver_key}{target} ({self.status})"
+
+
+class ScheduledTally(models.Model):
+    """How many owed rows of one receiver fall due in one later hour: a delta or a sum.
+
+    ``outbox_health()`` reads these instead of counting every row scheduled for later;
+    ``tally.py`` writes and merges them.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    receiver_key = models.CharField(max_length=255)
+    due_hour = models.DateTimeField()
+    rows = models.IntegerField()
+
+    class Meta:
+        verbose_name = "scheduled tally"
+        verbose_name_plural = "scheduled tallies"
+        indexes = [
+            models.Index(fields=["due_hour", "receiver_key", "rows"], name="dde_tally_hour"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.receiver_key} due {self.due_hour.isoformat()}: {self.rows:+d}"
 
 
 class ReceiverMark(models.Model):

@@ -15,7 +15,7 @@ from typing import Any
 from django.db import connections, router, transaction
 from django.db.models import QuerySet
 
-from . import clock
+from . import clock, tally
 from .declare import RegisteredReceiver, registry
 from .delivery.outcomes import receiver_lifetime_end
 from .delivery.wake import wake_after_commit
@@ -100,9 +100,14 @@ def cancel_deliveries(
             rows = rows.filter(receiver_key=receiver_key)
         if only is not None:
             rows = rows.filter(pk__in=only)
+        scheduled = rows.filter(status__in=CANCELLABLE, due_at__gte=tally.horizon())
+        if connections[alias].features.has_select_for_update:
+            scheduled = scheduled.select_for_update()  # no claim takes them from under us
+        leaving = list(scheduled.values_list("receiver_key", "due_at"))
         cancelled = rows.filter(status__in=CANCELLABLE).update(
             status=DeliveryStatus.CANCELLED, completed_at=clock.now(), lease_expires_at=None
         )
+        tally.record(alias, left=leaving)
         in_flight = rows.filter(status=DeliveryStatus.CLAIMED).count()
     return {"cancelled": cancelled, "in_flight": in_flight}
 
@@ -169,6 +174,7 @@ def _replay_event(alias: str, record: EventRecord, keys: set[str] | None) -> tup
     evt = registry.decode(record.name, record.payload, record.version)
     now = clock.now()
     reopened = added = 0
+    entered: list[tuple[str, datetime]] = []
     existing = {
         (row.receiver_key, row.target): row
         for row in DeliveryRecord.objects.using(alias).filter(event_id=record.pk)
@@ -190,14 +196,17 @@ def _replay_event(alias: str, record: EventRecord, keys: set[str] | None) -> tup
                         **_reopened(declared, due_at),
                     )
                 )
-            elif row.status in REOPENABLE:
-                reopened += (
-                    DeliveryRecord.objects.using(alias)
-                    .filter(pk=row.pk, status=row.status)
-                    .update(max_attempts=declared.max_attempts, **_reopened(declared, due_at))
-                )
+            elif row.status in REOPENABLE and (
+                DeliveryRecord.objects.using(alias)
+                .filter(pk=row.pk, status=row.status)
+                .update(max_attempts=declared.max_attempts, **_reopened(declared, due_at))
+            ):
+                reopened += 1
+                entered.append((declared.key, due_at))
         DeliveryRecord.objects.using(alias).bulk_create(fresh)
         added += len(fresh)
+        entered += [(declared.key, due_at)] * len(fresh)
+    tally.record(alias, entered=entered)
     return reopened, added
 
 
@@ -249,7 +258,7 @@ def requeue_dead(
                 DeliveryRecord.objects.using(alias)
                 .filter(pk__in=ids, status=DeliveryStatus.DEAD)
                 .update(**_reopened(registry.receiver(key), now))
-            )
+            )  # owed now, so never in the scheduled tally (tally.py)
         if requeued:
             wake_after_commit(alias)
     return requeued

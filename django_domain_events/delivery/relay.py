@@ -21,7 +21,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from .. import clock, conf
+from .. import clock, conf, tally
 from ..declare import registry
 from ..models import DeliveryStatus, LanePause
 from ..retention import prune_events
@@ -40,6 +40,8 @@ from .tasks import hand_off
 from .wake import Listener, wakes_by_notify
 
 logger = logging.getLogger("django_domain_events.relay")
+
+TALLY_COMPACT_SECONDS = 60.0  # how often a relay folds the scheduled tally's deltas
 
 Counts = dict[DeliveryStatus, int]
 
@@ -361,7 +363,7 @@ def _loop(
     alias = database_alias()
     listener = Listener(alias) if wakes_by_notify(alias) else None
     outage_pause = min(settings.POLL_SECONDS, 2.0)
-    last_prune = last_activity = float("-inf")
+    last_prune = last_activity = last_compact = float("-inf")
     done = 0
     try:
         while not state.stop() and (passes is None or done < passes):
@@ -391,6 +393,9 @@ def _loop(
                 _release_held(state.worker_id)
                 continue
             done += 1
+            if time.monotonic() - last_compact >= TALLY_COMPACT_SECONDS:
+                last_compact = time.monotonic()
+                _compact_tally(alias)
             if once and not claimed:
                 break
             if claimed:
@@ -425,6 +430,14 @@ def _idle_work(prune: Callable[[], object] | None) -> None:
             prune()
     except Exception:
         logger.exception("The relay's idle work (expiry sweep, prune) failed; it will retry.")
+
+
+def _compact_tally(alias: str) -> None:
+    """Fold the scheduled tally's deltas, busy or idle, so health stays a few rows' read."""
+    try:
+        tally.compact(alias)
+    except Exception:
+        logger.exception("The relay could not compact the scheduled tally; it will retry.")
 
 
 def _wait(listener: Listener | None, poll: float, state: _Pass) -> bool:

@@ -20,10 +20,10 @@ from asgiref.sync import async_to_sync
 from django.db import connections, transaction
 from django.utils.module_loading import import_string
 
-from .. import clock, conf
+from .. import clock, conf, tally
 from ..codec import PayloadDecodeError, PayloadUpgradeFailed
 from ..declare import RegisteredReceiver, registry
-from ..models import DeliveryRecord, DeliveryStatus
+from ..models import TERMINAL_VALUES, DeliveryRecord, DeliveryStatus
 from ..scope import caused_by
 from .claim import Claim, database_alias
 from .outcomes import (
@@ -91,14 +91,31 @@ def _update_sql(alias: str, columns: tuple[str, ...]) -> str:
 
 
 def _update_claimed(alias: str, claim: Claim, assignments: dict[str, Any]) -> bool:
-    """One ``UPDATE`` of the row, only while this claim still holds it."""
+    """One ``UPDATE`` of the row, only while this claim still holds it.
+
+    A row due in a later hour that settles or moves (``NotYet``) also changes the
+    scheduled tally, in the same transaction; the usual row, due already, does not.
+    """
     connection = connections[alias]
     adapt = connection.ops.adapt_datetimefield_value
     params = [adapt(v) if isinstance(v, datetime) else v for v in assignments.values()]
     params += [claim.id, claim.claimed_by, adapt(claim.claimed_at)]
-    with connection.cursor() as cursor:
-        cursor.execute(_update_sql(alias, tuple(assignments)), params)
-        return bool(cursor.rowcount)
+    changes = _tally_changes(claim, assignments)
+    with transaction.atomic(using=alias, savepoint=False) if changes else contextlib.nullcontext():
+        with connection.cursor() as cursor:
+            cursor.execute(_update_sql(alias, tuple(assignments)), params)
+            written = bool(cursor.rowcount)
+        if written and changes:
+            tally.write(alias, changes)
+    return written
+
+
+def _tally_changes(claim: Claim, assignments: dict[str, Any]) -> tally.Deltas:
+    moved_to: datetime | None = assignments.get("due_at")
+    if moved_to is None and assignments.get("status") not in TERMINAL_VALUES:
+        return tally.Deltas()
+    entered = [(claim.receiver_key, moved_to)] if moved_to is not None else []
+    return tally.deltas(entered=entered, left=[(claim.receiver_key, claim.due_at)])
 
 
 def context_for(claim: Claim) -> DeliveryContext:
@@ -363,11 +380,14 @@ def expire_overdue(*, now: datetime | None = None, limit: int = 500) -> int:
         if row.expires_at is None:  # narrowed by the filter; keeps the type checker honest
             continue
         reason = expired_reason(receiver, row.expires_at)
-        settled = (
-            DeliveryRecord.objects.using(alias)
-            .filter(pk=row.pk, status=row.status, expires_at=row.expires_at)
-            .update(status=DeliveryStatus.DEAD, last_error=reason, completed_at=clock.now())
-        )
+        with transaction.atomic(using=alias):
+            settled = (
+                DeliveryRecord.objects.using(alias)
+                .filter(pk=row.pk, status=row.status, expires_at=row.expires_at)
+                .update(status=DeliveryStatus.DEAD, last_error=reason, completed_at=clock.now())
+            )
+            if settled:  # due in a later hour only when swept with a now= ahead of the clock
+                tally.record(alias, left=[(row.receiver_key, row.due_at)])
         if not settled:
             continue
         expired += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 
 from django_domain_events import DeliveryContext, receiver
 from tests.app.events import OrderPlaced, Pinged
@@ -12,6 +13,7 @@ from tests.app.models import Delivered
 RECORDER_KEY = "tests.record_order"
 MAIL_KEY = "tests.mail_ping"
 DEFAULT_PING_KEY = "tests.default_ping"
+SCHEDULED_KEY = "tests.follow_up"
 
 
 def record(evt: object, ctx: DeliveryContext) -> None:
@@ -36,3 +38,8 @@ def declare_all() -> None:
     declare_recorder()
     receiver(Pinged, key=MAIL_KEY, takes_context=True, lane="mail")(record)
     receiver(Pinged, key=DEFAULT_PING_KEY, takes_context=True)(record)
+
+
+def declare_scheduled() -> None:
+    """A receiver whose rows come due two days after their order."""
+    receiver(OrderPlaced, key=SCHEDULED_KEY, due=timedelta(days=2))(lambda evt: None)
