@@ -96,18 +96,24 @@ def _update_claimed(alias: str, claim: Claim, assignments: dict[str, Any]) -> bo
     A row due in a later hour that settles or moves (``NotYet``) also changes the
     scheduled tally, in the same transaction; the usual row, due already, does not.
     """
+    changes = _tally_changes(claim, assignments)
+    if not changes:
+        return _compare_and_set(alias, claim, assignments)
+    with transaction.atomic(using=alias, savepoint=False):
+        written = _compare_and_set(alias, claim, assignments)
+        if written:
+            tally.write(alias, changes)
+    return written
+
+
+def _compare_and_set(alias: str, claim: Claim, assignments: dict[str, Any]) -> bool:
     connection = connections[alias]
     adapt = connection.ops.adapt_datetimefield_value
     params = [adapt(v) if isinstance(v, datetime) else v for v in assignments.values()]
     params += [claim.id, claim.claimed_by, adapt(claim.claimed_at)]
-    changes = _tally_changes(claim, assignments)
-    with transaction.atomic(using=alias, savepoint=False) if changes else contextlib.nullcontext():
-        with connection.cursor() as cursor:
-            cursor.execute(_update_sql(alias, tuple(assignments)), params)
-            written = bool(cursor.rowcount)
-        if written and changes:
-            tally.write(alias, changes)
-    return written
+    with connection.cursor() as cursor:
+        cursor.execute(_update_sql(alias, tuple(assignments)), params)
+        return bool(cursor.rowcount)
 
 
 def _tally_changes(claim: Claim, assignments: dict[str, Any]) -> tally.Deltas:
