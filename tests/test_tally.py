@@ -6,10 +6,13 @@ themselves, at several moments, on every database.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from datetime import datetime, timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.db.models import Count
 from django.test.utils import CaptureQueriesContext
@@ -209,3 +212,15 @@ def test_a_failed_fire_leaves_no_tally() -> None:
         raise RuntimeError("the change failed")
     assert not ScheduledTally.objects.exists()
     assert outbox_health().scheduled == 0
+
+
+def test_events_status_recount_rebuilds_the_tally_after_hand_edits() -> None:
+    declare()
+    fire_one(OrderPlaced(order_id=1))
+    DeliveryRecord.objects.filter(receiver_key="t.week").delete()  # behind the package's back
+    assert outbox_health().scheduled == 3  # the tally still counts the deleted row
+    out, err = StringIO(), StringIO()
+    call_command("events_status", "--recount", "--format", "json", stdout=out, stderr=err)
+    assert err.getvalue().strip() == "recounted the scheduled tally: 2 rows due in later hours"
+    assert json.loads(out.getvalue())["scheduled"] == 2
+    assert outbox_health().scheduled == 2 == sum(rows_scheduled(timezone.now()).values())

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from ... import clock
 from ...introspect import OutboxHealth, outbox_health
+from ...tally import recount
 
 
 def _age(oldest: datetime | None, now: datetime) -> str:
@@ -28,8 +29,17 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--format", choices=["text", "json"], default="text")
+        parser.add_argument(
+            "--recount",
+            action="store_true",
+            help="rebuild the scheduled tally from the delivery rows first: after rows were "
+            "inserted, edited or deleted by hand (on PostgreSQL fire() waits meanwhile)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["recount"]:
+            counted = recount()
+            self.stderr.write(f"recounted the scheduled tally: {counted} rows due in later hours")
         health = outbox_health()
         if options["format"] == "json":
             data = dataclasses.asdict(health)
