@@ -142,6 +142,9 @@ class DeliveryRecord(models.Model):
     claimed_by = models.CharField(max_length=255, blank=True, default="")
     claimed_at = models.DateTimeField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The row's place (1, 2, ...) in the batch its worker runs in order; 0 when its worker
+    # took it alone (a task). A takeover charges an attempt only to the row that was running.
+    claim_position = models.PositiveIntegerField(default=0, db_default=0)
     last_error = models.TextField(blank=True, default="")
     completed_at = models.DateTimeField(null=True, blank=True)
     succeeded_at = models.DateTimeField(null=True, blank=True)
@@ -183,6 +186,13 @@ class DeliveryRecord(models.Model):
                 name="dde_delivery_dead",
                 where=Q(status=DeliveryStatus.DEAD),
                 fallback=["status", "receiver_key", "completed_at"],
+            ),
+            # A worker's claim in run order: which of a dead worker's rows was running.
+            PartialIndex(
+                fields=["claimed_by", "claimed_at", "claim_position"],
+                name="dde_delivery_held",
+                where=Q(status=DeliveryStatus.CLAIMED),
+                fallback=["status", "claimed_by", "claimed_at", "claim_position"],
             ),
             # Rows with a lifetime, by its end: the relay's sweep of expired rows.
             PartialIndex(

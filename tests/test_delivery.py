@@ -27,6 +27,7 @@ from django_domain_events import (
     receiver,
     registry,
 )
+from django_domain_events.delivery.claim import take_over
 from django_domain_events.delivery.run import attempt
 from django_domain_events.models import DeliveryRecord, EventRecord
 from tests.app.events import OrderPlaced, OrderShipped, Pinged
@@ -388,6 +389,84 @@ def test_a_lapsed_lease_is_claimed_again_and_counts_the_attempt() -> None:
     assert again.attempts == 1
     assert attempt(again, now=now + timedelta(seconds=31))[0] == DeliveryStatus.SUCCEEDED
     assert row_for(event_id).attempts == 2
+
+
+def lapse(worker: str, batch: int = 10) -> list[Any]:
+    """Claim every owed row for ``worker``, then let its lease lapse: what a kill -9 leaves."""
+    return claim_batch(worker_id=worker, now=timezone.now(), lease=30, limit=batch)
+
+
+def retake(seconds: float) -> dict[int, int]:
+    """Claim what lapsed ``seconds`` from now; the attempts charged to each event's row."""
+    later = timezone.now() + timedelta(seconds=seconds)
+    return {
+        c.event_id: c.attempts for c in claim_batch(worker_id="w2", now=later, lease=30, limit=10)
+    }
+
+
+def test_a_dead_workers_batch_charges_only_the_row_it_was_running() -> None:
+    receiver(OrderPlaced, key="t.lapse", lease_seconds=30)(lambda evt: None)
+    ids = [fire_committed(OrderPlaced(order_id=n)) for n in range(4)]
+    claims = lapse("dead-worker")
+    assert [c.event_id for c in claims] == ids
+    assert attempt(claims[0], now=timezone.now())[0] == DeliveryStatus.SUCCEEDED
+    # It died running the second row: that one spent an attempt, the two after it did not.
+    assert retake(31) == {ids[1]: 1, ids[2]: 0, ids[3]: 0}
+
+
+def test_a_dead_batch_taken_over_in_parts_is_charged_once() -> None:
+    receiver(OrderPlaced, key="t.lapse", lease_seconds=30)(lambda evt: None)
+    ids = [fire_committed(OrderPlaced(order_id=n)) for n in range(5)]
+    lapse("dead-worker")
+    later = timezone.now() + timedelta(seconds=31)
+    first = claim_batch(worker_id="w2", now=later, lease=30, limit=2)
+    assert {c.event_id: c.attempts for c in first} == {ids[0]: 1, ids[1]: 0}
+    # The rest was handed back with the charge: owed again at once, no attempt spent.
+    rest = DeliveryRecord.objects.filter(event_id__in=ids[2:])
+    assert set(rest.values_list("status", "attempts", "available_at")) == {
+        (DeliveryStatus.PENDING, 0, later)
+    }
+    second = claim_batch(worker_id="w3", now=later, lease=30, limit=10)
+    assert {c.event_id: c.attempts for c in second} == {ids[2]: 0, ids[3]: 0, ids[4]: 0}
+
+
+def test_a_task_row_the_dead_worker_only_handed_on_is_not_charged() -> None:
+    receiver(Pinged, key="t.task", site="task", lease_seconds=30)(lambda evt: None)
+    receiver(OrderPlaced, key="t.relay", lease_seconds=30)(lambda evt: None)
+    handed = fire_committed(Pinged(n=1))
+    running, waiting = (fire_committed(OrderPlaced(order_id=n)) for n in range(2))
+    assert [c.event_id for c in lapse("dead-worker")] == [handed, running, waiting]
+    assert retake(31) == {handed: 0, running: 1, waiting: 0}
+
+
+def test_a_row_run_on_an_extended_lease_keeps_the_rest_of_its_batch_uncharged() -> None:
+    receiver(OrderPlaced, key="t.lapse", lease_seconds=30)(lambda evt: None)
+    ids = [fire_committed(OrderPlaced(order_id=n)) for n in range(3)]
+    lapse("dead-worker")
+    until = timezone.now() + timedelta(seconds=300)  # as _extend_lease writes it
+    DeliveryRecord.objects.filter(event_id=ids[0]).update(
+        lease_expires_at=until, available_at=until
+    )
+    assert retake(31) == {ids[1]: 0, ids[2]: 0}  # the first row was still running
+    DeliveryRecord.objects.filter(event_id__in=ids[1:]).update(status=DeliveryStatus.SUCCEEDED)
+    assert retake(301) == {ids[0]: 1}
+
+
+def test_a_task_workers_lapsed_claim_is_its_own_attempt() -> None:
+    receiver(OrderPlaced, key="t.task", site="task", lease_seconds=30)(lambda evt: None)
+    ids = [fire_committed(OrderPlaced(order_id=n)) for n in range(2)]
+    handed = lapse("relay")
+    now = timezone.now()
+    taken = take_over(
+        handed[1].id,
+        claimed_by="relay",
+        claimed_at=handed[1].claimed_at,
+        worker_id="task-worker",
+        now=now,
+        lease=timedelta(seconds=30),
+    )
+    assert taken is not None  # the task worker died running it
+    assert retake(31) == {ids[0]: 0, ids[1]: 1}
 
 
 def test_claims_take_oldest_first_and_respect_the_limit() -> None:

@@ -122,7 +122,7 @@ def test_a_second_signal_exits_at_once() -> None:
     assert code == 128 + signal.SIGTERM
 
 
-def test_kill_9_mid_batch_every_row_is_delivered_once_after_the_lease() -> None:
+def test_kill_9_mid_batch_every_row_is_delivered_once_and_one_attempt_is_charged() -> None:
     declare_all()
     fire_orders(20)
     settings = json.dumps({"LEASE_SECONDS": 2})
@@ -138,6 +138,31 @@ def test_kill_9_mid_batch_every_row_is_delivered_once_after_the_lease() -> None:
     assert Delivered.objects.count() == 20
     assert Delivered.objects.values("delivery_id").distinct().count() == 20
     assert DeliveryRecord.objects.filter(status=DeliveryStatus.SUCCEEDED).count() == 20
+    # Only the row the dead relay was running spent an attempt; the rest ran once.
+    attempts = sorted(DeliveryRecord.objects.values_list("attempts", flat=True))
+    assert attempts == [1] * 19 + [2], attempts
+
+
+def test_two_relays_taking_over_a_killed_batch_in_parts_charge_one_attempt() -> None:
+    declare_all()
+    fire_orders(30)
+    settings = json.dumps({"LEASE_SECONDS": 2})
+    process = relay("--batch-size", "30", DDE_SLOW_SECONDS="0.2", DDE_SETTINGS_JSON=settings)
+    wait_for(lambda: Delivered.objects.count() >= 2, 30, "some deliveries")
+    process.kill()
+    process.communicate()
+    time.sleep(2.5)  # the dead relay's lease (2 s x 1.1) lapses
+    children = [
+        start_child("relay", "--once", "--batch-size", "4", env={"DDE_SETTINGS_JSON": settings})
+        for _ in range(2)
+    ]
+    for child in children:
+        code, output = finish(child, timeout=60)
+        assert code == 0, output
+    assert Delivered.objects.count() == 30
+    assert Delivered.objects.values("delivery_id").distinct().count() == 30
+    attempts = sorted(DeliveryRecord.objects.values_list("attempts", flat=True))
+    assert attempts == [1] * 29 + [2], attempts
 
 
 # A database outage, on a throwaway cluster so the shared server is never touched --------

@@ -123,6 +123,7 @@ def claim_batch(
         tuple(exclude_ids),
         tuple(ids) if ids is not None else None,
         ignore_backoff,
+        tuple(r.key for r in registry.receivers if r.durable and r.site == "task"),
     )
     if connection.vendor == "postgresql":
         return _claim_postgresql(alias, args)
@@ -141,20 +142,57 @@ class _ClaimArgs:
     exclude: tuple[int, ...]
     ids: tuple[int, ...] | None
     ignore_backoff: bool
+    task_keys: tuple[str, ...] = ()
 
 
 def _table(model: type[Any]) -> str:
     return str(model._meta.db_table)
 
 
+# A lapsed row is charged the attempt its dead worker was making only if it was the one
+# running: taken alone (position 0), or the first row of the dead claim, in run order,
+# that the worker ran itself (a task row it only handed on was never run by it). The rows
+# after a charged one were never started: they are handed back in the same statement, so
+# a later claim that takes them does not charge one of them as well.
 _POSTGRESQL_CLAIM = """
 WITH picked AS (
-    SELECT id, available_at AS was_available
+    SELECT id, available_at AS was_available, status AS was_status, claimed_by AS was_by,
+           claimed_at AS was_at, claim_position AS was_position, receiver_key
     FROM {delivery}
     WHERE status IN ('pending', 'failed', 'claimed') AND {due} {filters}
     ORDER BY available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), numbered AS (
+    SELECT p.id, p.was_available, p.was_by, p.was_at, p.was_position,
+           row_number() OVER (ORDER BY p.was_available, p.id) AS position,
+           CASE
+               WHEN p.was_status <> 'claimed' THEN false
+               WHEN p.was_position = 0 THEN true
+               WHEN p.receiver_key = ANY(%(task_keys)s::text[]) THEN false
+               ELSE NOT EXISTS (
+                   SELECT 1 FROM {delivery} AS o
+                   WHERE o.status = 'claimed' AND o.claimed_by = p.was_by
+                     AND o.claimed_at = p.was_at AND o.claim_position < p.was_position
+                     AND NOT (o.receiver_key = ANY(%(task_keys)s::text[]))
+               )
+           END AS charged
+    FROM picked AS p
+), unstarted AS (
+    SELECT d.id
+    FROM {delivery} AS d
+    JOIN numbered AS n
+      ON n.charged AND n.was_position > 0 AND d.claimed_by = n.was_by
+     AND d.claimed_at = n.was_at AND d.claim_position > n.was_position
+    WHERE d.status = 'claimed' AND d.id NOT IN (SELECT id FROM picked)
+    FOR UPDATE OF d SKIP LOCKED
+), handed_back AS (
+    UPDATE {delivery} AS d
+    SET status = CASE WHEN d.attempts = 0 THEN 'pending' ELSE 'failed' END,
+        available_at = %(now)s,
+        lease_expires_at = NULL
+    FROM unstarted AS u
+    WHERE d.id = u.id
 ), claimed AS (
     UPDATE {delivery} AS d
     SET status = 'claimed',
@@ -162,11 +200,12 @@ WITH picked AS (
         claimed_at = %(now)s,
         lease_expires_at = %(lease_end)s,
         available_at = %(lease_end)s,
-        attempts = CASE WHEN d.status = 'claimed' THEN d.attempts + 1 ELSE d.attempts END
-    FROM picked
-    WHERE d.id = picked.id
+        claim_position = n.position,
+        attempts = CASE WHEN n.charged THEN d.attempts + 1 ELSE d.attempts END
+    FROM numbered AS n
+    WHERE d.id = n.id
     RETURNING d.id, d.event_id, d.receiver_key, d.target, d.attempts, d.max_attempts,
-              d.due_at, d.expires_at, picked.was_available
+              d.due_at, d.expires_at, n.was_available
 )
 SELECT c.id, c.event_id, c.receiver_key, c.target, c.attempts, c.max_attempts,
        c.due_at, c.expires_at, e.name, e.version, e.payload, e.occurred_at,
@@ -183,6 +222,7 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         "limit": args.limit,
         "worker": args.worker_id,
         "lease_end": args.lease_end,
+        "task_keys": list(args.task_keys),
     }
     if args.only is not None:
         filters.append("AND receiver_key = ANY(%(only)s)")
@@ -261,12 +301,17 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
     picked = tuple(owed.values_list("id", flat=True)[: args.limit])
     if not picked:
         return []
+    charged = _running_when_lapsed(alias, picked, args.task_keys, args.now)
     # The owed condition again: on SQLite a second process may have claimed in between.
     # attempts first: MySQL evaluates assignments left to right, on the new values.
     _owed_rows(alias, replace(args, ids=picked)).update(
         attempts=Case(
-            When(status=DeliveryStatus.CLAIMED, then=F("attempts") + 1),
+            When(id__in=charged, then=F("attempts") + 1),
             default=F("attempts"),
+            output_field=PositiveIntegerField(),
+        ),
+        claim_position=Case(
+            *(When(id=pk, then=Value(position)) for position, pk in enumerate(picked, 1)),
             output_field=PositiveIntegerField(),
         ),
         status=DeliveryStatus.CLAIMED,
@@ -277,6 +322,54 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
     )
     order = {pk: index for index, pk in enumerate(picked)}
     return sorted(_held(alias, replace(args, ids=picked)), key=lambda claim: order[claim.id])
+
+
+def _running_when_lapsed(
+    alias: str, picked: Sequence[int], task_keys: Collection[str], now: datetime
+) -> list[int]:
+    """Of the picked rows still claimed by a dead worker, those it was running; the rest of
+    such a worker's batch is handed back. The PostgreSQL claim's rule, in Python: MySQL
+    cannot read the table it updates."""
+    lapsed = list(
+        DeliveryRecord.objects.using(alias)
+        .filter(id__in=picked, status=DeliveryStatus.CLAIMED)
+        .values_list("id", "claimed_by", "claimed_at", "claim_position", "receiver_key")
+    )
+
+    def held(claimed_by: str, claimed_at: datetime | None) -> Any:
+        return DeliveryRecord.objects.using(alias).filter(
+            status=DeliveryStatus.CLAIMED, claimed_by=claimed_by, claimed_at=claimed_at
+        )
+
+    charged = []
+    for pk, claimed_by, claimed_at, position, key in lapsed:
+        if position == 0:
+            charged.append(pk)
+            continue
+        earlier = held(claimed_by, claimed_at).filter(claim_position__lt=position)
+        if key in task_keys or earlier.exclude(receiver_key__in=task_keys).exists():
+            continue
+        charged.append(pk)
+        unstarted = (
+            held(claimed_by, claimed_at).filter(claim_position__gt=position).exclude(id__in=picked)
+        )
+        if connections[alias].features.has_select_for_update_skip_locked:
+            unstarted = unstarted.select_for_update(skip_locked=True)
+        ids = list(unstarted.values_list("id", flat=True))
+        DeliveryRecord.objects.using(alias).filter(id__in=ids).update(**owed_again(now))
+    return charged
+
+
+def owed_again(moment: datetime) -> dict[str, Any]:
+    """The fields of a claimed row handed back unstarted: owed at ``moment``, nothing spent."""
+    return {
+        "status": Case(
+            When(attempts=0, then=Value(DeliveryStatus.PENDING.value)),
+            default=Value(DeliveryStatus.FAILED.value),
+        ),
+        "available_at": moment,
+        "lease_expires_at": None,
+    }
 
 
 def _held(alias: str, args: _ClaimArgs) -> list[Claim]:
@@ -335,14 +428,7 @@ def release(claims: Sequence[Claim], *, now: datetime | None = None) -> int:
                     claimed_by=claim.claimed_by,
                     claimed_at=claim.claimed_at,
                 )
-                .update(
-                    status=Case(
-                        When(attempts=0, then=Value(DeliveryStatus.PENDING.value)),
-                        default=Value(DeliveryStatus.FAILED.value),
-                    ),
-                    available_at=moment,
-                    lease_expires_at=None,
-                )
+                .update(**owed_again(moment))
             )
     return released
 
@@ -376,6 +462,7 @@ def take_over(
                 claimed_at=now,
                 lease_expires_at=now + lease,
                 available_at=now + lease,
+                claim_position=0,  # run alone: a lapse of this claim is this row's attempt
             )
         )
     if not taken:
@@ -390,12 +477,5 @@ def release_held(worker_id: str) -> int:
     return (
         DeliveryRecord.objects.using(alias)
         .filter(status=DeliveryStatus.CLAIMED, claimed_by=worker_id)
-        .update(
-            status=Case(
-                When(attempts=0, then=Value(DeliveryStatus.PENDING.value)),
-                default=Value(DeliveryStatus.FAILED.value),
-            ),
-            available_at=clock.now(),
-            lease_expires_at=None,
-        )
+        .update(**owed_again(clock.now()))
     )
