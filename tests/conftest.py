@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,16 @@ def start_child(
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll until ``predicate`` holds, as a child process works; returns the seconds it took."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+    return time.monotonic() - start
 
 
 needs_postgresql = pytest.mark.skipif(

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -21,7 +21,7 @@ from django_domain_events import DeliveryStatus, fire
 from django_domain_events.models import DeliveryRecord
 from tests.app.events import OrderPlaced
 from tests.app.models import Delivered
-from tests.conftest import needs_postgresql, start_child
+from tests.conftest import needs_postgresql, start_child, wait_for
 from tests.procs.receivers import RECORDER_KEY, declare_all
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql]
@@ -31,16 +31,6 @@ def fire_orders(count: int) -> None:
     with transaction.atomic():
         for n in range(count):
             fire(OrderPlaced(order_id=n))
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll until ``predicate``; returns the seconds it took."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-    return time.monotonic() - start
 
 
 def relay(*args: str, **env: str) -> subprocess.Popen[str]:
@@ -122,19 +112,36 @@ def test_a_second_signal_exits_at_once() -> None:
     assert code == 128 + signal.SIGTERM
 
 
-def test_kill_9_mid_batch_every_row_is_delivered_once_and_one_attempt_is_charged() -> None:
+LAPSING = json.dumps({"LEASE_SECONDS": 2})
+
+
+def kill_mid_batch(rows: int) -> None:
+    """Fire ``rows`` orders, kill -9 a relay holding them all in one batch after a couple of
+    deliveries, and wait out its lease (2 s x 1.1)."""
     declare_all()
-    fire_orders(20)
-    settings = json.dumps({"LEASE_SECONDS": 2})
-    process = relay("--batch-size", "20", DDE_SLOW_SECONDS="0.2", DDE_SETTINGS_JSON=settings)
+    fire_orders(rows)
+    process = relay("--batch-size", str(rows), DDE_SLOW_SECONDS="0.2", DDE_SETTINGS_JSON=LAPSING)
     wait_for(lambda: Delivered.objects.count() >= 2, 30, "some deliveries")
     process.kill()
     process.communicate()
+
+
+def take_over(relays: int, *args: str) -> None:
+    """Run ``relays`` relays with ``--once`` at the same time, each to a clean exit."""
+    time.sleep(2.5)  # the dead relay's lease lapses
+    children = [
+        start_child("relay", "--once", *args, env={"DDE_SETTINGS_JSON": LAPSING})
+        for _ in range(relays)
+    ]
+    for child in children:
+        code, output = finish(child, timeout=60)
+        assert code == 0, output
+
+
+def test_kill_9_mid_batch_every_row_is_delivered_once_and_one_attempt_is_charged() -> None:
+    kill_mid_batch(20)
     assert Delivered.objects.count() < 20
-    time.sleep(2.5)  # the dead relay's lease (2 s x 1.1) lapses
-    second = start_child("relay", "--once", env={"DDE_SETTINGS_JSON": settings})
-    code, output = finish(second, timeout=60)
-    assert code == 0, output
+    take_over(1)
     assert Delivered.objects.count() == 20
     assert Delivered.objects.values("delivery_id").distinct().count() == 20
     assert DeliveryRecord.objects.filter(status=DeliveryStatus.SUCCEEDED).count() == 20
@@ -144,21 +151,8 @@ def test_kill_9_mid_batch_every_row_is_delivered_once_and_one_attempt_is_charged
 
 
 def test_two_relays_taking_over_a_killed_batch_in_parts_charge_one_attempt() -> None:
-    declare_all()
-    fire_orders(30)
-    settings = json.dumps({"LEASE_SECONDS": 2})
-    process = relay("--batch-size", "30", DDE_SLOW_SECONDS="0.2", DDE_SETTINGS_JSON=settings)
-    wait_for(lambda: Delivered.objects.count() >= 2, 30, "some deliveries")
-    process.kill()
-    process.communicate()
-    time.sleep(2.5)  # the dead relay's lease (2 s x 1.1) lapses
-    children = [
-        start_child("relay", "--once", "--batch-size", "4", env={"DDE_SETTINGS_JSON": settings})
-        for _ in range(2)
-    ]
-    for child in children:
-        code, output = finish(child, timeout=60)
-        assert code == 0, output
+    kill_mid_batch(30)
+    take_over(2, "--batch-size", "4")
     assert Delivered.objects.count() == 30
     assert Delivered.objects.values("delivery_id").distinct().count() == 30
     attempts = sorted(DeliveryRecord.objects.values_list("attempts", flat=True))

@@ -298,10 +298,12 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
     owed = _owed_rows(alias, args)
     if connections[alias].features.has_select_for_update_skip_locked:
         owed = owed.select_for_update(skip_locked=True)
-    picked = tuple(owed.values_list("id", flat=True)[: args.limit])
-    if not picked:
+    rows = list(owed.values_list(*_LAPSE_FIELDS)[: args.limit])
+    if not rows:
         return []
-    charged = _running_when_lapsed(alias, picked, args.task_keys, args.now)
+    picked = tuple(pk for pk, *_ in rows)
+    lapsed = [row for row in rows if row[1] == DeliveryStatus.CLAIMED]
+    charged = _running_when_lapsed(alias, picked, lapsed, args.task_keys, args.now)
     # The owed condition again: on SQLite a second process may have claimed in between.
     # attempts first: MySQL evaluates assignments left to right, on the new values.
     _owed_rows(alias, replace(args, ids=picked)).update(
@@ -324,17 +326,20 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
     return sorted(_held(alias, replace(args, ids=picked)), key=lambda claim: order[claim.id])
 
 
+# What a picked row tells the portable claim about a lapse: read with the pick itself.
+_LAPSE_FIELDS = ("id", "status", "claimed_by", "claimed_at", "claim_position", "receiver_key")
+
+
 def _running_when_lapsed(
-    alias: str, picked: Sequence[int], task_keys: Collection[str], now: datetime
+    alias: str,
+    picked: Sequence[int],
+    lapsed: Sequence[tuple[Any, ...]],
+    task_keys: Collection[str],
+    now: datetime,
 ) -> list[int]:
-    """Of the picked rows still claimed by a dead worker, those it was running; the rest of
-    such a worker's batch is handed back. The PostgreSQL claim's rule, in Python: MySQL
-    cannot read the table it updates."""
-    lapsed = list(
-        DeliveryRecord.objects.using(alias)
-        .filter(id__in=picked, status=DeliveryStatus.CLAIMED)
-        .values_list("id", "claimed_by", "claimed_at", "claim_position", "receiver_key")
-    )
+    """Of the picked rows still claimed by a dead worker (``lapsed``), those it was running;
+    the rest of such a worker's batch is handed back. The PostgreSQL claim's rule, in
+    Python: MySQL cannot read the table it updates."""
 
     def held(claimed_by: str, claimed_at: datetime | None) -> Any:
         return DeliveryRecord.objects.using(alias).filter(
@@ -342,7 +347,7 @@ def _running_when_lapsed(
         )
 
     charged = []
-    for pk, claimed_by, claimed_at, position, key in lapsed:
+    for pk, _, claimed_by, claimed_at, position, key in lapsed:
         if position == 0:
             charged.append(pk)
             continue
@@ -356,11 +361,11 @@ def _running_when_lapsed(
         if connections[alias].features.has_select_for_update_skip_locked:
             unstarted = unstarted.select_for_update(skip_locked=True)
         ids = list(unstarted.values_list("id", flat=True))
-        DeliveryRecord.objects.using(alias).filter(id__in=ids).update(**owed_again(now))
+        DeliveryRecord.objects.using(alias).filter(id__in=ids).update(**_owed_again(now))
     return charged
 
 
-def owed_again(moment: datetime) -> dict[str, Any]:
+def _owed_again(moment: datetime) -> dict[str, Any]:
     """The fields of a claimed row handed back unstarted: owed at ``moment``, nothing spent."""
     return {
         "status": Case(
@@ -428,7 +433,7 @@ def release(claims: Sequence[Claim], *, now: datetime | None = None) -> int:
                     claimed_by=claim.claimed_by,
                     claimed_at=claim.claimed_at,
                 )
-                .update(**owed_again(moment))
+                .update(**_owed_again(moment))
             )
     return released
 
@@ -477,5 +482,5 @@ def release_held(worker_id: str) -> int:
     return (
         DeliveryRecord.objects.using(alias)
         .filter(status=DeliveryStatus.CLAIMED, claimed_by=worker_id)
-        .update(**owed_again(clock.now()))
+        .update(**_owed_again(clock.now()))
     )

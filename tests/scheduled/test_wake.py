@@ -9,7 +9,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,19 +18,10 @@ from django_domain_events import DeliveryStatus, fire
 from django_domain_events.models import DeliveryRecord
 from tests.app.events import Pinged
 from tests.app.models import Delivered
-from tests.conftest import ROOT, child_env, needs_postgresql
+from tests.conftest import ROOT, child_env, needs_postgresql, wait_for
 from tests.scheduled.relay_child import WAKE_KEY, declare
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql]
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-    return time.monotonic() - start
 
 
 def start_relay(poll_seconds: float, due_seconds: float) -> subprocess.Popen[str]:
