@@ -7,6 +7,8 @@ Environment:
                       file, never :memory:, so that several processes can share it
     DDE_PG_HOST, DDE_PG_PORT, DDE_PG_USER, DDE_PG_PASSWORD
     DDE_MYSQL_HOST, DDE_MYSQL_PORT, DDE_MYSQL_USER, DDE_MYSQL_PASSWORD
+    DDE_TEST_DB_SUFFIX  appended to the PostgreSQL/MariaDB test database names, so two
+                      checkouts can run their suites at once on one server
 """
 
 import json
@@ -67,6 +69,7 @@ TEMPLATES = [
 ]
 
 TEST_DB = os.environ.get("DDE_TEST_DB", "sqlite").strip().lower() or "sqlite"
+_SUFFIX = os.environ.get("DDE_TEST_DB_SUFFIX", "")
 
 if TEST_DB == "sqlite":
     _sqlite_path = os.environ.get("DDE_SQLITE_PATH") or "/tmp/dde_test.sqlite3"
@@ -85,7 +88,7 @@ elif TEST_DB in {"postgres", "postgresql"}:
         "PASSWORD": os.environ.get("DDE_PG_PASSWORD", ""),
         "HOST": os.environ.get("DDE_PG_HOST", "127.0.0.1"),
         "PORT": os.environ.get("DDE_PG_PORT", "5432"),
-        "TEST": {"NAME": "test_dde"},
+        "TEST": {"NAME": f"test_dde{_SUFFIX}"},
     }
 elif TEST_DB in {"mariadb", "mysql"}:
     _default = {
@@ -97,7 +100,7 @@ elif TEST_DB in {"mariadb", "mysql"}:
         "PORT": os.environ.get("DDE_MYSQL_PORT", "3306"),
         "OPTIONS": {"charset": "utf8mb4"},
         "TEST": {
-            "NAME": "test_dde",
+            "NAME": f"test_dde{_SUFFIX}",
             "CHARSET": "utf8mb4",
             "COLLATION": "utf8mb4_unicode_ci",
         },
