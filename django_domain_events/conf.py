@@ -7,6 +7,7 @@ tell the same story: the key, the bad value and what to write instead.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -25,6 +26,7 @@ class Settings:
     WARN_OUTSIDE_ATOMIC: bool = True
     BATCH_SIZE: int = 50
     LEASE_SECONDS: float = 300.0
+    RUN_LIMIT_SECONDS: float = 3600.0
     POLL_SECONDS: float = 1.0
     WAKE: str = "notify"
     NOTIFY_COALESCE_SECONDS: float = 0.5
@@ -45,6 +47,7 @@ KEYS = tuple(f.name for f in fields(Settings))
 
 _POSITIVE_NUMBERS = (
     "LEASE_SECONDS",
+    "RUN_LIMIT_SECONDS",
     "POLL_SECONDS",
     "BACKOFF_BASE_SECONDS",
     "BACKOFF_CAP_SECONDS",
@@ -60,7 +63,7 @@ _OPTIONAL_DOTTED_PATHS = ("AROUND_DELIVERY",)
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def problems(raw: object) -> list[str]:

@@ -9,7 +9,6 @@ commits rolls the whole change back: the event exists if and only if it committe
 
 from __future__ import annotations
 
-import inspect
 import logging
 import uuid
 import warnings
@@ -32,7 +31,7 @@ from .declare import (
 )
 from .delivery.outcomes import DeliveryContext, receiver_lifetime_end
 from .delivery.relay import default_worker_id, deliver_one
-from .delivery.run import call_receiver
+from .delivery.run import call_receiver, refuse_awaitable
 from .delivery.wake import wake_after_commit
 from .models import DeliveryRecord, DeliveryStatus, EventRecord
 from .scope import Cause, caused_by, current_cause, current_scope, suppression_for
@@ -199,25 +198,13 @@ def inline_context(
     )
 
 
-def _refuse_awaitable(value: object, what: str, wanted: str) -> None:
-    """A sync callable that returned a coroutine: refused, since fire() cannot await it."""
-    if inspect.isawaitable(value):
-        close = getattr(value, "close", None)
-        if close is not None:
-            close()  # no "never awaited" warning on top of the error
-        raise TypeError(
-            f"{what} returned an awaitable; it runs inside fire()'s transaction and must "
-            f"return {wanted} directly."
-        )
-
-
 def resolve_targets(record: EventRecord, evt: object, receiver: RegisteredReceiver) -> list[str]:
     """The receiver's distinct targets, in first-seen order; refuses anything but strings."""
     if receiver.targets is None:
         return [""]
     with caused_by(record.pk, record.correlation_id):
         found = receiver.targets(evt, inline_context(record, receiver))
-    _refuse_awaitable(found, f"targets= of {receiver.key}", "the targets")
+    refuse_awaitable(found, f"targets= of {receiver.key}", "the targets directly")
     if isinstance(found, str) or not isinstance(found, Iterable):
         raise TypeError(
             f"targets= of {receiver.key} must return an iterable of strings, not {found!r}."
@@ -248,7 +235,7 @@ def resolve_due(
     if isinstance(due, timedelta):
         return max(occurred_at + due, recorded_at)
     value = due(evt)
-    _refuse_awaitable(value, f"due= of {receiver.key}", "an aware datetime")
+    refuse_awaitable(value, f"due= of {receiver.key}", "an aware datetime directly")
     when = clock.accept(value, what=f"due= of {receiver.key}")
     return max(when, recorded_at)
 

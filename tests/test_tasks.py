@@ -12,6 +12,7 @@ from django.db import connections, transaction
 from django.test import override_settings
 
 from django_domain_events import DeliveryStatus, deliver_one, deliver_pending, fire, receiver
+from django_domain_events.delivery.tasks import TaskBackendMissing
 from django_domain_events.models import DeliveryRecord
 from tests.app.events import OrderPlaced
 from tests.app.models import Delivered
@@ -118,18 +119,21 @@ def test_a_row_owed_again_after_a_lapse_is_not_run_by_the_stale_message() -> Non
     assert not Delivered.objects.exists()
 
 
-def test_without_a_backend_only_the_task_receivers_fail_never_running_in_the_relay() -> None:
+def test_without_a_backend_a_task_row_is_handed_back_uncharged_and_the_call_fails() -> None:
+    """A missing backend is the deployment's error: no row pays for it."""
     ran: list[str] = []
     receiver(OrderPlaced, key="t.task", site="task")(lambda evt: ran.append("task"))
-    receiver(OrderPlaced, key="t.relay")(lambda evt: ran.append("relay"))
     with transaction.atomic():
         event_id = fire(OrderPlaced(order_id=1))
-    counts = deliver_pending()
-    assert ran == ["relay"]
-    assert counts[DeliveryStatus.FAILED] == 1 and counts[DeliveryStatus.SUCCEEDED] == 1
+    with pytest.raises(TaskBackendMissing, match="TASK_BACKEND.*site='relay'"):
+        deliver_pending()
+    assert ran == []
     task_row = DeliveryRecord.objects.get(event_id=event_id, receiver_key="t.task")
-    assert task_row.status == DeliveryStatus.FAILED
-    assert "TASK_BACKEND" in task_row.last_error and "site='relay'" in task_row.last_error
+    assert (task_row.status, task_row.attempts, task_row.last_error) == (
+        DeliveryStatus.PENDING,
+        0,
+        "",
+    )
 
 
 @override_settings(DJANGO_DOMAIN_EVENTS={"TASK_BACKEND": "tests.test_tasks.ThreadBackend"})

@@ -6,10 +6,17 @@ and stamp in the same transaction; SQLite, a single writer, stamps with one ``UP
 over a sub-select. A claimed row's ``available_at`` is its lease expiry, so a row whose
 worker died is claimable again by the same index and condition as any owed row; taking
 it over spends the attempt the dead worker was making.
+
+A claim carries each event's payload only up to ``INLINE_PAYLOAD_BYTES``; a larger one
+is read when its row runs (``event_payload``), so a relay holds at most one large
+payload at a time however large its batch. Payload and scope travel as the stored JSON
+text and are parsed when the row runs, where a row that cannot be read becomes a dead
+letter instead of crashing the claim.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
@@ -17,9 +24,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, router, transaction
-from django.db.models import Case, F, PositiveIntegerField, Q, Value, When
+from django.db.models import Case, F, PositiveIntegerField, Q, TextField, Value, When
+from django.db.models.functions import Cast, Length
 
-from .. import clock, conf
+from .. import clock
 from ..declare import registry
 from ..models import OWED_VALUES, DeliveryRecord, DeliveryStatus, EventRecord
 
@@ -41,12 +49,18 @@ class Claim:
     lease_expires_at: datetime
     event_name: str
     event_version: int
-    payload: dict[str, Any]
+    payload: str | dict[str, Any] | None  # as stored; None: too large to carry, read at run
     occurred_at: datetime
     actor_key: str
     actor_label: str
-    scope: dict[str, Any]
+    scope: str | dict[str, Any]  # as stored
     correlation_id: str
+    last_error: str = ""  # the error of the attempt before this one
+
+
+# The largest payload (bytes of its JSON text) a claim carries; larger ones are read
+# one at a time, when their row runs.
+INLINE_PAYLOAD_BYTES = 64 * 1024
 
 
 def database_alias() -> str:
@@ -68,21 +82,6 @@ def lane_keys(lane: str | None) -> tuple[tuple[str, ...] | None, tuple[str, ...]
     if lane == "default":
         return None, tuple(k for name, keys in lanes.items() if name != "default" for k in keys)
     return lanes.get(lane, ()), ()
-
-
-def lane_lease(lane: str | None) -> timedelta:
-    """The lease a claim in ``lane`` stamps: its receivers' common ``lease_seconds``, else
-    ``LEASE_SECONDS``, with 10% headroom and never more than ``LEASE_SECONDS`` x 1.1."""
-    default = conf.get().LEASE_SECONDS
-    only, never = lane_keys(lane)
-    receivers = [
-        r
-        for r in registry.receivers
-        if r.durable and (only is None or r.key in only) and r.key not in never
-    ]
-    declared = {r.lease_seconds or default for r in receivers}
-    seconds = declared.pop() if len(declared) == 1 else default
-    return timedelta(seconds=min(seconds * 1.1, default * 1.1))
 
 
 def claim_batch(
@@ -205,12 +204,17 @@ WITH picked AS (
     FROM numbered AS n
     WHERE d.id = n.id
     RETURNING d.id, d.event_id, d.receiver_key, d.target, d.attempts, d.max_attempts,
-              d.due_at, d.expires_at, n.was_available
+              d.due_at, d.expires_at, d.last_error, n.was_available
 )
 SELECT c.id, c.event_id, c.receiver_key, c.target, c.attempts, c.max_attempts,
-       c.due_at, c.expires_at, e.name, e.version, e.payload, e.occurred_at,
-       e.actor_key, e.actor_label, e.scope, e.correlation_id
+       c.due_at, c.expires_at, e.name, e.version,
+       CASE WHEN octet_length(p.text) <= %(inline)s THEN p.text END, e.occurred_at,
+       e.actor_key, e.actor_label, e.scope::text, e.correlation_id, c.last_error
 FROM claimed AS c JOIN {event} AS e ON e.id = c.event_id
+-- The stored size first: a payload far too large is never turned into text here.
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN pg_column_size(e.payload) <= %(inline)s THEN e.payload::text END AS text
+) AS p
 ORDER BY c.was_available, c.id
 """
 
@@ -223,6 +227,7 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         "worker": args.worker_id,
         "lease_end": args.lease_end,
         "task_keys": list(args.task_keys),
+        "inline": INLINE_PAYLOAD_BYTES,
     }
     if args.only is not None:
         filters.append("AND receiver_key = ANY(%(only)s)")
@@ -263,19 +268,38 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
             lease_expires_at=args.lease_end,
             event_name=row[8],
             event_version=row[9],
-            payload=_json(row[10]),
+            payload=row[10],
             occurred_at=clock.normalize(row[11]),
             actor_key=row[12],
             actor_label=row[13],
-            scope=_json(row[14]),
+            scope=row[14],
             correlation_id=row[15],
+            last_error=row[16],
         )
         for row in rows
     ]
 
 
-def _json(value: Any) -> Any:
+def parse_json(value: str | bytes | dict[str, Any]) -> Any:
+    """A stored JSON value as Python; raises (``ValueError``, ``RecursionError``) on one
+    that cannot be read, for the caller to record."""
     return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def event_payload(claim: Claim) -> Any:
+    """The claim's payload, parsed; read from the event row when the claim did not carry it."""
+    if claim.payload is not None:
+        return parse_json(claim.payload)
+    alias = database_alias()
+    text = (
+        EventRecord.objects.using(alias)
+        .filter(pk=claim.event_id)
+        .values_list(Cast("payload", TextField()), flat=True)
+        .first()
+    )
+    if text is None:
+        raise LookupError(f"event #{claim.event_id} is no longer in the log")
+    return parse_json(text)
 
 
 def _owed_rows(alias: str, args: _ClaimArgs) -> Any:
@@ -381,33 +405,54 @@ def _held(alias: str, args: _ClaimArgs) -> list[Claim]:
     held = Q(status=DeliveryStatus.CLAIMED, claimed_by=args.worker_id, claimed_at=args.now)
     if args.ids is not None:
         held &= Q(id__in=args.ids)
+    payload = Cast("event__payload", TextField())
     rows = (
         DeliveryRecord.objects.using(alias)
         .filter(held)
-        .select_related("event")
+        .annotate(payload_length=Length(payload))
+        .values_list(
+            "id",
+            "event_id",
+            "receiver_key",
+            "target",
+            "attempts",
+            "max_attempts",
+            "due_at",
+            "expires_at",
+            "event__name",
+            "event__version",
+            Case(When(payload_length__lte=INLINE_PAYLOAD_BYTES, then=payload)),
+            "event__occurred_at",
+            "event__actor_key",
+            "event__actor_label",
+            Cast("event__scope", TextField()),
+            "event__correlation_id",
+            "last_error",
+        )
         .order_by("id")[: args.limit]
     )
     return [
         Claim(
-            id=row.id,
-            event_id=row.event_id,
-            receiver_key=row.receiver_key,
-            target=row.target,
-            attempts=row.attempts,
-            max_attempts=row.max_attempts,
-            due_at=row.due_at,
-            expires_at=row.expires_at,
+            id=row[0],
+            event_id=row[1],
+            receiver_key=row[2],
+            target=row[3],
+            attempts=row[4],
+            max_attempts=row[5],
+            due_at=row[6],
+            expires_at=row[7],
             claimed_by=args.worker_id,
             claimed_at=args.now,
             lease_expires_at=args.lease_end,
-            event_name=row.event.name,
-            event_version=row.event.version,
-            payload=row.event.payload,
-            occurred_at=row.event.occurred_at,
-            actor_key=row.event.actor_key,
-            actor_label=row.event.actor_label,
-            scope=row.event.scope,
-            correlation_id=row.event.correlation_id,
+            event_name=row[8],
+            event_version=row[9],
+            payload=row[10],
+            occurred_at=row[11],
+            actor_key=row[12],
+            actor_label=row[13],
+            scope=row[14],
+            correlation_id=row[15],
+            last_error=row[16],
         )
         for row in rows
     ]
@@ -476,11 +521,30 @@ def take_over(
     return next(iter(_held(alias, args)), None)
 
 
-def release_held(worker_id: str) -> int:
-    """Hand back every row ``worker_id`` holds: after an outage it finished none of them."""
-    alias = database_alias()
+@functools.lru_cache(maxsize=64)
+def _update_sql(alias: str, columns: tuple[str, ...]) -> str:
+    """The compare-and-set ``UPDATE`` for these columns, built once per shape."""
+    quote = connections[alias].ops.quote_name
+    sets = [
+        f"{quote(c)} = {quote(c)} + %s" if c == "attempts" else f"{quote(c)} = %s" for c in columns
+    ]
     return (
-        DeliveryRecord.objects.using(alias)
-        .filter(status=DeliveryStatus.CLAIMED, claimed_by=worker_id)
-        .update(**_owed_again(clock.now()))
+        f"UPDATE {quote(_table(DeliveryRecord))} SET {', '.join(sets)} "
+        f"WHERE {quote('id')} = %s AND {quote('status')} = %s "
+        f"AND {quote('claimed_by')} = %s AND {quote('claimed_at')} = %s"
     )
+
+
+def compare_and_set(alias: str, claim: Claim, assignments: dict[str, Any]) -> bool:
+    """One ``UPDATE`` of the claimed row, only while ``claim`` still holds it.
+
+    ``attempts`` is added to, every other column set. False when the row was settled,
+    handed back or taken over since: the caller no longer holds it.
+    """
+    connection = connections[alias]
+    adapt = connection.ops.adapt_datetimefield_value
+    params = [adapt(v) if isinstance(v, datetime) else v for v in assignments.values()]
+    params += [claim.id, DeliveryStatus.CLAIMED.value, claim.claimed_by, adapt(claim.claimed_at)]
+    with connection.cursor() as cursor:
+        cursor.execute(_update_sql(alias, tuple(assignments)), params)
+        return bool(cursor.rowcount)

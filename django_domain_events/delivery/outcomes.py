@@ -6,6 +6,7 @@ the row's next status and time; ``run.py`` writes what it decides.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -34,7 +35,12 @@ class RetryAfter(Exception):
     """
 
     def __init__(self, seconds: float, reason: str = "", counts: bool = True) -> None:
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or math.isnan(seconds)
+            or seconds < 0
+        ):
             raise ValueError(f"RetryAfter(seconds=) must be a number >= 0, not {seconds!r}.")
         super().__init__(reason or f"retry after {seconds}s")
         self.seconds = float(seconds)
@@ -112,10 +118,44 @@ class Outcome:
         return self.status in (DeliveryStatus.FAILED, DeliveryStatus.DEAD)
 
 
+MAX_ERROR_CHARS = 4000  # last_error keeps this much of a message; MariaDB's TEXT holds 64 KB
+
+
 def describe_error(error: BaseException) -> str:
-    """``Type: message``, as ``last_error`` stores it."""
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+    """``Type: message``, as ``last_error`` stores it; never raises.
+
+    The message is what ``str()`` gives, else ``repr()``, else a placeholder; it is cut
+    to ``MAX_ERROR_CHARS`` and cleaned of what a database refuses to store (NUL, lone
+    surrogates), so recording a failure cannot itself fail.
+    """
+    name = clean_text(type(error).__name__)
+    text = _message(error)
+    if len(text) > MAX_ERROR_CHARS:
+        text = f"{text[:MAX_ERROR_CHARS]}... ({len(text) - MAX_ERROR_CHARS} more characters)"
+    text = clean_text(text)
+    return f"{name}: {text}" if text else name
+
+
+def _message(error: BaseException) -> str:
+    for render in (str, repr):
+        try:
+            text = render(error)
+        except Exception:
+            continue
+        if isinstance(text, str):
+            return text
+    return "<the message could not be rendered: str() and repr() both raised>"
+
+
+def clean_text(text: str) -> str:
+    """``text`` as every supported database stores it: NUL and lone surrogates escaped."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def retry_policy(receiver: RegisteredReceiver) -> RetryPolicy:
@@ -134,7 +174,7 @@ def _policy_name(policy: RetryPolicy) -> str:
 
 def decide(
     receiver: RegisteredReceiver,
-    error: Exception,
+    error: BaseException,
     *,
     attempt: int,
     max_attempts: int | None,
@@ -169,14 +209,14 @@ def decide(
         delay, warnings = _capped(error.seconds, receiver)
     else:
         policy = retry_policy(receiver)
-        wanted = policy.delay(attempt, error)
+        wanted, warnings = _policy_delay(policy, attempt, error)
         if wanted is None:
             return Outcome(
                 DeliveryStatus.DEAD,
                 spent=True,
                 last_error=f"{message} (retry policy {_policy_name(policy)} gave up)",
             )
-        delay = float(wanted)
+        delay = wanted
     if max_attempts is not None and attempt >= max_attempts:
         return Outcome(DeliveryStatus.DEAD, spent=True, last_error=message, warnings=warnings)
     bound = receiver.give_up_after
@@ -202,6 +242,28 @@ def decide(
         last_error=message,
         warnings=warnings,
     )
+
+
+def _policy_delay(
+    policy: RetryPolicy, attempt: int, error: BaseException
+) -> tuple[float | None, tuple[str, ...]]:
+    """The policy's delay; a policy that raises or answers nonsense falls back to the
+    default backoff with a warning, so a bug in it never stops the relay or loses a row."""
+    try:
+        wanted = policy.delay(attempt, error)
+        if wanted is None:
+            return None, ()
+        delay = float(wanted)
+        if not math.isfinite(delay) or delay < 0:
+            raise ValueError(f"returned {wanted!r}, not a number of seconds >= 0")
+    except Exception as problem:
+        settings = conf.get()
+        fallback = Exponential(settings.BACKOFF_BASE_SECONDS, settings.BACKOFF_CAP_SECONDS)
+        return float(fallback.delay(attempt, error)), (
+            f"retry policy {_policy_name(policy)} failed ({describe_error(problem)}); "
+            "the default backoff was used instead. Fix its delay().",
+        )
+    return delay, ()
 
 
 def _capped(seconds: float, receiver: RegisteredReceiver) -> tuple[float, tuple[str, ...]]:

@@ -3,6 +3,11 @@
 A pass visits each lane in sorted order, claims one batch there just before running
 it, and runs the batch row by row (``run.attempt``). ``run_relay`` repeats passes,
 waiting between them on LISTEN/NOTIFY or the poll, for as long as it is let.
+
+The relay rides out an outage (``outage.is_outage``): it waits, reconnects and hands
+back the rows it held. Any other error, and a configuration that cannot be loaded,
+stops it with ``RelayHalted`` and one ERROR line saying what to do, after handing back
+what it held uncharged: an error that waiting cannot fix must not spin.
 """
 
 from __future__ import annotations
@@ -10,45 +15,58 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, connections
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections
 
 from .. import clock, conf, tally
+from ..codec import get_codec
 from ..declare import registry
 from ..models import DeliveryStatus, LanePause
 from ..retention import prune_events
-from .claim import (
-    Claim,
-    claim_batch,
-    database_alias,
-    lane_lease,
-    release,
-    release_held,
-    take_over,
-)
-from .run import attempt, expire_overdue, record_failure
+from .claim import Claim, claim_batch, database_alias, release, take_over
+from .lease import lane_lease
+from .outage import is_outage
+from .run import around_hook, attempt, expire_overdue, record_failure
 from .run import logger as delivery_logger
-from .tasks import hand_off
+from .tasks import get_backend, hand_off
 from .wake import Listener, wakes_by_notify
 
 logger = logging.getLogger("django_domain_events.relay")
 
 TALLY_COMPACT_SECONDS = 60.0  # how often a relay folds the scheduled tally's deltas
 
+MAX_BATCH_SIZE = 10_000  # rows one claim may take; larger batches only hold leases longer
+
 Counts = dict[DeliveryStatus, int]
 
 
+class RelayHalted(RuntimeError):
+    """The relay stopped on an error that waiting cannot fix; the message says what to do.
+
+    Raised by ``run_relay`` (``deliver_events`` exits non-zero with it) after the rows it
+    held were handed back uncharged. The original error is its ``__cause__``.
+    """
+
+
 def default_worker_id() -> str:
-    """``host:pid``, unique among the relays of a deployment."""
+    """``host:pid``, unique among the processes of a deployment."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def relay_worker_id() -> str:
+    """``host:pid:token``: unique among relays, even two in one process."""
+    return f"{default_worker_id()}:{secrets.token_hex(3)}"
 
 
 def empty_counts() -> Counts:
@@ -130,6 +148,7 @@ class _Pass:
     paused_until: dict[str, float] = field(default_factory=dict)  # lane -> monotonic
     stop: Callable[[], bool] = lambda: False
     claimed: int = 0
+    in_hand: list[Claim] = field(default_factory=list)  # the batch being run
 
     def pause(self, lane: str, seconds: float) -> None:
         self.paused_until[lane] = time.monotonic() + seconds
@@ -169,10 +188,19 @@ def _batch_size(lane: str, batch_size: int | None, lane_batch_sizes: Mapping[str
 
 
 def check_sizes(batch_size: int | None, lane_batch_sizes: Mapping[str, int] | None) -> None:
-    """Refuse a batch size below one, naming it."""
-    for name, size in [("batch_size", batch_size), *(lane_batch_sizes or {}).items()]:
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-            raise ValueError(f"batch size for {name!r} must be a whole number >= 1, not {size!r}.")
+    """Refuse a batch size that is not a whole number from 1 to ``MAX_BATCH_SIZE``."""
+    sizes = [("the batch size", batch_size)]
+    sizes += [
+        (f"the batch size of lane {lane!r}", size)
+        for lane, size in (lane_batch_sizes or {}).items()
+    ]
+    for what, size in sizes:
+        if size is not None and (
+            isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH_SIZE
+        ):
+            raise ValueError(
+                f"{what} must be a whole number from 1 to {MAX_BATCH_SIZE}, not {size!r}."
+            )
 
 
 def deliver_pending(
@@ -222,12 +250,24 @@ def run_lane_batch(state: _Pass, lane: str, size: int, room: int | None = None) 
         ignore_backoff=state.ignore_backoff,
     )
     state.claimed += len(claims)
+    state.in_hand = claims  # kept if the batch fails, for the relay to hand back
     run_batch(state, lane, claims, now)
+    state.in_hand = []
     return len(claims)
 
 
 def run_batch(state: _Pass, lane: str, claims: Sequence[Claim], now: datetime) -> None:
-    """Run a claimed batch in order; hand back the unstarted rest on a pause or a stop."""
+    """Run a claimed batch in order; hand back the unstarted rest on a pause or a stop,
+    and every row not yet settled when something escapes (nothing is charged for it)."""
+    try:
+        _run_claims(state, lane, claims, now)
+    except BaseException:
+        with contextlib.suppress(Exception):  # in an outage the relay hands back later
+            release(claims)  # a compare-and-set: the rows already settled are left alone
+        raise
+
+
+def _run_claims(state: _Pass, lane: str, claims: Sequence[Claim], now: datetime) -> None:
     decoded: dict[int, Any] = {}
     for index, claim in enumerate(claims):
         if state.stop():
@@ -237,7 +277,9 @@ def run_batch(state: _Pass, lane: str, claims: Sequence[Claim], now: datetime) -
         if receiver is not None and receiver.durable and receiver.site == "task":
             try:
                 hand_off(claim)
-            except Exception as error:  # no backend, or the queue refused: a failed attempt
+            except ImproperlyConfigured:
+                raise  # no backend, or one that cannot be built: no row pays for it
+            except Exception as error:  # the queue refused: a failed attempt
                 status, outcome = record_failure(claim, receiver, error, now=now)
             else:
                 if state.now is not None:
@@ -300,6 +342,36 @@ def check_lanes(lanes: Iterable[str]) -> list[str]:
     return chosen
 
 
+def check_relay_options(
+    lane: str | Sequence[str], batch_size: int | None, lane_batch_sizes: Mapping[str, int] | None
+) -> list[str]:
+    """The lanes a relay serves, after refusing any option it cannot run with."""
+    lanes = check_lanes([lane] if isinstance(lane, str) else lane)
+    check_sizes(batch_size, lane_batch_sizes)
+    for name in lane_batch_sizes or {}:
+        if name not in lanes:
+            raise ValueError(
+                f"lane {name!r} has a batch size but this relay does not serve it; serve "
+                f"lane {name!r} too, or drop its size."
+            )
+    return lanes
+
+
+def check_configuration(lanes: Sequence[str]) -> None:
+    """Load every dotted-path setting a relay of ``lanes`` will use, before it claims a row.
+
+    Raises ``ImproperlyConfigured`` naming the setting: a codec, hook or task backend
+    that cannot be loaded is the deployment's error, and no row should pay for it.
+    """
+    settings = conf.get()
+    get_codec()
+    if settings.AROUND_DELIVERY is not None:
+        around_hook(settings.AROUND_DELIVERY)
+    served = {key for lane in lanes for key in registry.lanes().get(lane, ())}
+    if any(r.durable and r.site == "task" and r.key in served for r in registry.receivers):
+        get_backend()
+
+
 def run_relay(
     *,
     worker_id: str | None = None,
@@ -314,39 +386,106 @@ def run_relay(
 ) -> Counts:
     """Deliver owed rows until stopped: the loop behind ``manage.py deliver_events``.
 
-    Waits on LISTEN/NOTIFY where available with ``POLL_SECONDS`` as the floor; survives
+    Waits on LISTEN/NOTIFY where available with ``POLL_SECONDS`` as the floor; rides out
     the database going away; on SIGTERM/SIGINT hands back the unstarted rest of its batch
     and returns. ``once`` returns as soon as a pass finds nothing owed, instead of waiting;
     ``passes`` returns after that many passes; ``limit`` after that many rows. When idle it
     calls ``prune`` (``prune_events`` unless given; ``None`` for none) at most every
-    ``RELAY_PRUNE_SECONDS``, if ``RELAY_PRUNE``.
+    ``RELAY_PRUNE_SECONDS``, if ``RELAY_PRUNE``. Raises ``RelayHalted`` on an error that
+    waiting cannot fix, ``ImproperlyConfigured`` or ``ValueError`` before starting.
     """
-    lanes = check_lanes([lane] if isinstance(lane, str) else lane)
-    check_sizes(batch_size, lane_batch_sizes)
-    for name in lane_batch_sizes or {}:
-        if name not in lanes:
-            raise ValueError(f"lane {name!r} has a batch size but this relay does not serve it.")
+    lanes = check_relay_options(lane, batch_size, lane_batch_sizes)
+    check_configuration(lanes)
+    alias = database_alias()
     signals = _Signals()
-    on_main_thread = signals.install()
-    if not on_main_thread and passes is None:
-        logger.info("Relay started off the main thread: signals are not handled here.")
-    stop_event = stop if isinstance(stop, threading.Event) else None
+    with _one_relay_on_sqlite(alias):
+        on_main_thread = signals.install()
+        stop_event = stop if isinstance(stop, threading.Event) else None
 
-    def stopping() -> bool:
-        if signals.received is not None:
-            return True
-        if stop_event is not None:
-            return stop_event.is_set()
-        return bool(stop()) if callable(stop) else False
+        def stopping() -> bool:
+            if signals.received is not None:
+                return True
+            if stop_event is not None:
+                return stop_event.is_set()
+            return bool(stop()) if callable(stop) else False
 
-    state = _Pass(worker_id or default_worker_id(), None, False, relay=True, stop=stopping)
+        state = _Pass(worker_id or relay_worker_id(), None, False, relay=True, stop=stopping)
+        opened = connections[alias].connection is None  # else it is the caller's: left open
+        _log_start(state.worker_id, lanes, alias, on_main_thread)
+        try:
+            _loop(state, lanes, passes, batch_size, lane_batch_sizes or {}, limit, prune, once)
+        finally:
+            if on_main_thread:
+                signals.restore()
+            with contextlib.suppress(Exception):
+                LanePause.objects.using(alias).filter(worker_id=state.worker_id).delete()
+            if opened:
+                with contextlib.suppress(Exception):
+                    connections[alias].close()
+        done = ", ".join(f"{state.counts[s]} {s.value}" for s in DeliveryStatus if state.counts[s])
+        logger.info("Relay %s stopped: %s.", state.worker_id, done or "nothing delivered")
+        return state.counts
+
+
+def _log_start(worker_id: str, lanes: Sequence[str], alias: str, main: bool) -> None:
+    settings = conf.get()
+    if wakes_by_notify(alias):
+        wake = "woken by LISTEN/NOTIFY"
+    elif settings.WAKE == "poll":
+        wake = "polling (WAKE='poll')"
+    elif connections[alias].vendor != "postgresql":
+        wake = f"polling ({connections[alias].vendor} has no LISTEN/NOTIFY)"
+    else:
+        wake = "polling (psycopg 3 is not installed, so it cannot LISTEN)"
+    logger.info(
+        "Relay %s started: lanes %s, %s, every %ss at the latest%s.",
+        worker_id,
+        ", ".join(lanes),
+        wake,
+        settings.POLL_SECONDS,
+        "" if main else "; off the main thread, so signals are not handled here",
+    )
+
+
+@contextlib.contextmanager
+def _one_relay_on_sqlite(alias: str) -> Iterator[None]:
+    """Refuse a second relay on one SQLite file: it has one writer, so a second relay
+    only waits on locks. A lock file beside the database says who runs; the operating
+    system drops it when the process ends, however it ends."""
+    connection = connections[alias]
+    name = str(connection.settings_dict.get("NAME") or "")
+    if connection.vendor != "sqlite" or not name or name == ":memory:" or "mode=memory" in name:
+        yield
+        return
     try:
-        return _loop(state, lanes, passes, batch_size, lane_batch_sizes or {}, limit, prune, once)
-    finally:
-        if on_main_thread:
-            signals.restore()
-        with contextlib.suppress(DatabaseError, InterfaceError):
-            LanePause.objects.using(database_alias()).filter(worker_id=state.worker_id).delete()
+        import fcntl
+    except ImportError:  # Windows: nothing enforces it; docs/relay.md says one relay
+        yield
+        return
+    path = Path(f"{name}.relay-lock")
+    try:
+        handle = path.open("a+")
+    except OSError:  # a read-only directory: the relay cannot write the database either
+        yield
+        return
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise RelayHalted(
+                f"Another relay ({holder}) is already running on the SQLite database {name}. "
+                "SQLite has a single writer, so it takes one relay: stop the other one, or "
+                "move to PostgreSQL to run several."
+            ) from None
+        handle.truncate(0)
+        handle.write(default_worker_id())
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def _loop(
@@ -358,10 +497,12 @@ def _loop(
     limit: int | None,
     prune: Callable[[], object] | None,
     once: bool,
-) -> Counts:
+) -> None:
     settings = conf.get()
     alias = database_alias()
     listener = Listener(alias) if wakes_by_notify(alias) else None
+    if listener is not None:
+        listener.listen()  # before the first claim: nothing fired after it is missed
     outage_pause = min(settings.POLL_SECONDS, 2.0)
     last_prune = last_activity = last_compact = float("-inf")
     done = 0
@@ -370,6 +511,7 @@ def _loop(
             if limit is not None and state.claimed >= limit:
                 break
             try:
+                _hand_back(state)
                 claimed = 0
                 for name in lanes:
                     if state.stop():
@@ -380,7 +522,9 @@ def _loop(
                     size = _batch_size(name, batch_size, lane_batch_sizes)
                     claimed += run_lane_batch(state, name, size, room)
                 outage_pause = min(settings.POLL_SECONDS, 2.0)
-            except (DatabaseError, InterfaceError) as error:
+            except Exception as error:
+                if not is_outage(error, alias):
+                    _halt(state, error)
                 logger.warning(
                     "Relay %s lost the database (%s); retrying in %.1fs.",
                     state.worker_id,
@@ -390,7 +534,6 @@ def _loop(
                 _close(alias, listener)
                 time.sleep(outage_pause)
                 outage_pause = min(outage_pause * 2, 2.0)
-                _release_held(state.worker_id)
                 continue
             done += 1
             if time.monotonic() - last_compact >= TALLY_COMPACT_SECONDS:
@@ -418,8 +561,43 @@ def _loop(
             if _wait(listener, settings.POLL_SECONDS, state):
                 last_activity = time.monotonic()
     finally:
-        _close(alias, listener)
-    return state.counts
+        if listener is not None:
+            listener.close()
+
+
+def _hand_back(state: _Pass) -> None:
+    """After an outage, hand back the rows of the batch the relay was running, so they
+    run at once, uncharged; raises while the database is still away."""
+    if not state.in_hand:
+        return
+    count = release(state.in_hand)
+    state.in_hand = []
+    if count:
+        logger.info(
+            "Relay %s handed back %s rows it held before the outage.", state.worker_id, count
+        )
+
+
+def _halt(state: _Pass, error: Exception) -> None:
+    """Stop the relay on an error that waiting cannot fix, saying what to do."""
+    with contextlib.suppress(Exception):
+        release(state.in_hand)
+    if isinstance(error, ImproperlyConfigured):
+        advice = "Fix the setting, then start the relay again."
+    elif isinstance(error, DatabaseError):
+        advice = (
+            "Waiting will not fix it: check that every migration is applied "
+            "(manage.py migrate) and that the database is the one the relay expects, then "
+            "start the relay again."
+        )
+    else:
+        advice = "This is a bug: please report it with the traceback above."
+    message = (
+        f"Relay {state.worker_id} stopped: {type(error).__name__}: {error}. {advice} The rows "
+        "it held were handed back uncharged."
+    )
+    logger.error(message, exc_info=not isinstance(error, ImproperlyConfigured | DatabaseError))
+    raise RelayHalted(message) from error
 
 
 def _idle_work(prune: Callable[[], object] | None) -> None:
@@ -452,29 +630,16 @@ def _wait(listener: Listener | None, poll: float, state: _Pass) -> bool:
             return False
         step = min(left, 0.25)
         if listener is not None:
-            try:
-                if listener.wait(step):
-                    return True
-            except Exception:
-                listener.close()
-                time.sleep(step)
+            if listener.wait(step):
+                return True
         else:
             time.sleep(step)
     return False
 
 
 def _close(alias: str, listener: Listener | None) -> None:
+    """Drop a connection the outage broke; the next query opens a new one."""
     if listener is not None:
         listener.close()
     with contextlib.suppress(Exception):
         connections[alias].close()
-
-
-def _release_held(worker_id: str) -> None:
-    """After an outage, hand back the rows this relay still holds, so they run at once."""
-    try:
-        count = release_held(worker_id)
-    except (DatabaseError, InterfaceError):
-        return
-    if count:
-        logger.info("Relay %s released %s rows it held before the outage.", worker_id, count)

@@ -3,7 +3,12 @@
 A success commits the receiver's own writes and the acknowledgement together: for a
 receiver that touches only this database, delivery is effectively once. Every write
 here is a compare-and-set on the claim (``claimed_by``, ``claimed_at``), so a worker
-whose lease lapsed cannot overwrite the row's new owner.
+whose lease lapsed cannot overwrite the row's new owner, and the lease is renewed
+before the receiver runs, so a row lost meanwhile is not run at all.
+
+Whatever a receiver raises becomes one recorded attempt; a row that cannot be read
+becomes a dead letter. Only a configuration error (``ImproperlyConfigured``: a codec
+or hook that cannot be imported) escapes, charging nothing, for the relay to stop on.
 """
 
 from __future__ import annotations
@@ -13,11 +18,12 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from django.db import connections, transaction
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
 from django.utils.module_loading import import_string
 
 from .. import clock, conf, tally
@@ -25,7 +31,8 @@ from ..codec import PayloadDecodeError, PayloadUpgradeFailed
 from ..declare import RegisteredReceiver, registry
 from ..models import TERMINAL_VALUES, DeliveryRecord, DeliveryStatus
 from ..scope import caused_by
-from .claim import Claim, database_alias
+from .claim import Claim, compare_and_set, database_alias, event_payload, parse_json
+from .lease import kept_alive, receiver_lease, renew
 from .outcomes import (
     DeliveryContext,
     DeliveryFailure,
@@ -43,14 +50,31 @@ class _LeaseLost(Exception):
 
 
 def call_receiver(receiver: RegisteredReceiver, evt: Any, ctx: DeliveryContext) -> None:
-    """Call the receiver as declared, running an ``async def`` to completion."""
+    """Call the receiver as declared, running an ``async def`` to completion.
+
+    A plain function that returns an awaitable is refused with a ``TypeError`` (its work
+    would silently never happen): a failed attempt for a durable row, an error elsewhere.
+    """
     func: Callable[..., Any] = receiver.func
     if receiver.is_async:
         func = async_to_sync(func)
-    if receiver.takes_context:
-        func(evt, ctx)
-    else:
-        func(evt)
+    result = func(evt, ctx) if receiver.takes_context else func(evt)
+    refuse_awaitable(
+        result,
+        f"receiver {receiver.key}, a plain function,",
+        "None; declare it with async def so that it is awaited",
+    )
+
+
+def refuse_awaitable(value: object, what: str, wanted: str) -> None:
+    """A sync callable that returned an awaitable: closed unawaited, and refused."""
+    if inspect.isawaitable(value):
+        close = getattr(value, "close", None)
+        if close is not None:
+            close()  # no "never awaited" warning on top of the error
+        raise TypeError(
+            f"{what} returned an awaitable, which nothing would await; return {wanted}."
+        )
 
 
 def call_hook(hook: Callable[..., Any], *args: Any) -> None:
@@ -64,30 +88,34 @@ def call_hook(hook: Callable[..., Any], *args: Any) -> None:
         logger.exception("on_failure hook %r raised; ignored.", hook)
 
 
+@functools.lru_cache(maxsize=8)
+def around_hook(path: str) -> Callable[[DeliveryContext], Any]:
+    """The ``AROUND_DELIVERY`` callable; ``ImproperlyConfigured`` when it cannot be imported."""
+    try:
+        hook = import_string(path)
+    except ImportError as error:
+        raise ImproperlyConfigured(
+            f"{conf.SETTINGS_NAME}['AROUND_DELIVERY'] = {path!r} cannot be imported ({error}); "
+            "point it at a function fn(ctx) that returns a context manager, or remove it."
+        ) from error
+    if not callable(hook):
+        raise ImproperlyConfigured(
+            f"{conf.SETTINGS_NAME}['AROUND_DELIVERY'] = {path!r} is not callable; point it at "
+            "a function fn(ctx) that returns a context manager."
+        )
+    return hook
+
+
 @contextlib.contextmanager
-def _around(path: str, ctx: DeliveryContext) -> Iterator[None]:
-    with import_string(path)(ctx):
+def _around(hook: Callable[[DeliveryContext], Any], ctx: DeliveryContext) -> Iterator[None]:
+    with hook(ctx):
         yield
 
 
 def around_delivery(ctx: DeliveryContext) -> contextlib.AbstractContextManager[None]:
     """``AROUND_DELIVERY(ctx)`` when configured; raising on entry fails the attempt."""
     path = conf.get().AROUND_DELIVERY
-    return contextlib.nullcontext() if path is None else _around(path, ctx)
-
-
-@functools.lru_cache(maxsize=64)
-def _update_sql(alias: str, columns: tuple[str, ...]) -> str:
-    """The compare-and-set ``UPDATE`` for these columns, built once per shape."""
-    quote = connections[alias].ops.quote_name
-    sets = [
-        f"{quote(c)} = {quote(c)} + %s" if c == "attempts" else f"{quote(c)} = %s" for c in columns
-    ]
-    return (
-        f"UPDATE {quote(DeliveryRecord._meta.db_table)} SET {', '.join(sets)} "
-        f"WHERE {quote('id')} = %s AND {quote('status')} = 'claimed' "
-        f"AND {quote('claimed_by')} = %s AND {quote('claimed_at')} = %s"
-    )
+    return contextlib.nullcontext() if path is None else _around(around_hook(path), ctx)
 
 
 def _update_claimed(alias: str, claim: Claim, assignments: dict[str, Any]) -> bool:
@@ -98,22 +126,12 @@ def _update_claimed(alias: str, claim: Claim, assignments: dict[str, Any]) -> bo
     """
     changes = _tally_changes(claim, assignments)
     if not changes:
-        return _compare_and_set(alias, claim, assignments)
+        return compare_and_set(alias, claim, assignments)
     with transaction.atomic(using=alias, savepoint=False):
-        written = _compare_and_set(alias, claim, assignments)
+        written = compare_and_set(alias, claim, assignments)
         if written:
             tally.write(alias, changes)
     return written
-
-
-def _compare_and_set(alias: str, claim: Claim, assignments: dict[str, Any]) -> bool:
-    connection = connections[alias]
-    adapt = connection.ops.adapt_datetimefield_value
-    params = [adapt(v) if isinstance(v, datetime) else v for v in assignments.values()]
-    params += [claim.id, claim.claimed_by, adapt(claim.claimed_at)]
-    with connection.cursor() as cursor:
-        cursor.execute(_update_sql(alias, tuple(assignments)), params)
-        return bool(cursor.rowcount)
 
 
 def _tally_changes(claim: Claim, assignments: dict[str, Any]) -> tally.Deltas:
@@ -124,14 +142,14 @@ def _tally_changes(claim: Claim, assignments: dict[str, Any]) -> tally.Deltas:
     return tally.deltas(entered=entered, left=[(claim.receiver_key, claim.due_at)])
 
 
-def context_for(claim: Claim) -> DeliveryContext:
+def context_for(claim: Claim, scope: dict[str, Any]) -> DeliveryContext:
     return DeliveryContext(
         event_id=claim.event_id,
         event_name=claim.event_name,
         attempt=claim.attempts + 1,
         actor_key=claim.actor_key,
         actor_label=claim.actor_label,
-        scope=claim.scope,
+        scope=scope,
         target=claim.target,
         delivery_id=claim.id,
         due_at=claim.due_at,
@@ -148,8 +166,9 @@ def attempt(
 
     ``now`` is the claim's clock (a test's ``now=``, or the real one); time written
     for the next attempt is measured from the later of it and the real clock. Returns
-    the recorded status (None when the lease was lost) and, for an attempt that did not
-    succeed, the outcome, so the relay can honour a pause.
+    the recorded status (None when the row was lost to another worker) and, for an
+    attempt that did not succeed, the outcome, so the relay can honour a pause.
+    ``decoded`` keeps the last event decoded, for the fan-out rows after it.
     """
     alias = database_alias()
     receiver = registry.receiver(claim.receiver_key)
@@ -166,26 +185,31 @@ def attempt(
         reason = expired_reason(receiver, claim.expires_at)
         return _settle_unrun(alias, claim, DeliveryStatus.DEAD, reason, receiver)
     if claim.max_attempts is not None and claim.attempts >= claim.max_attempts:
-        return _settle_unrun(
-            alias,
-            claim,
-            DeliveryStatus.DEAD,
-            f"lease lapsed on every one of {claim.attempts} attempts: the worker died or "
-            "outlived its lease. Raise lease_seconds= or find what kills the worker.",
-            receiver=receiver,
-        )
+        return _settle_unrun(alias, claim, DeliveryStatus.DEAD, _lapsed_reason(claim), receiver)
+    lease = receiver_lease(receiver)
+    held = renew(alias, claim, lease)
+    if held is None:
+        _warn_lease_lost(claim, ran=False)
+        return None, None
+    claim = held
     try:
-        evt = _decode(claim, decoded)
-    except Exception as error:  # any payload that cannot become the event: dead, unrun
+        evt, scope = _read(claim, decoded)
+    except ImproperlyConfigured:
+        raise  # the codec cannot be loaded: nothing about this row is wrong
+    except Exception as error:  # any row that cannot become the event: dead, unrun
         reason = describe_error(error)
         if not isinstance(error, LookupError | PayloadDecodeError | PayloadUpgradeFailed):
             reason = f"the payload could not be decoded into {claim.event_name}: {reason}"
         return _settle_unrun(alias, claim, DeliveryStatus.DEAD, reason, receiver)
-    ctx = context_for(claim)
-    claim = _extend_lease(alias, claim, receiver)
+    ctx = context_for(claim, scope)
+    hook = around_delivery(ctx)  # an unimportable hook escapes here, before anything ran
     try:
         with transaction.atomic(using=alias):
-            with around_delivery(ctx), caused_by(claim.event_id, claim.correlation_id):
+            with (
+                kept_alive(alias, claim, lease),
+                hook,
+                caused_by(claim.event_id, claim.correlation_id),
+            ):
                 call_receiver(receiver, evt, ctx)
             done = clock.now()
             acknowledged = _update_claimed(
@@ -203,30 +227,35 @@ def attempt(
             if not acknowledged:
                 raise _LeaseLost
     except _LeaseLost:
-        _warn_lease_lost(claim)
+        _warn_lease_lost(claim, ran=True)
         return None, None
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # a receiver calling sys.exit() fails too
         return record_failure(claim, receiver, error, now=now)
     return DeliveryStatus.SUCCEEDED, None
 
 
-def _decode(claim: Claim, decoded: dict[int, Any] | None) -> Any:
+def _read(claim: Claim, decoded: dict[int, Any] | None) -> tuple[Any, dict[str, Any]]:
+    """The claim's event and scope, parsed from the stored JSON."""
+    scope = parse_json(claim.scope)
     if decoded is not None and claim.event_id in decoded:
-        return decoded[claim.event_id]
-    evt = registry.decode(claim.event_name, claim.payload, claim.event_version)
+        return decoded[claim.event_id], scope
+    evt = registry.decode(claim.event_name, event_payload(claim), claim.event_version)
     if decoded is not None:
+        decoded.clear()  # one event at a time: a batch of large payloads stays small
         decoded[claim.event_id] = evt
-    return evt
+    return evt, scope
 
 
-def _extend_lease(alias: str, claim: Claim, receiver: RegisteredReceiver) -> Claim:
-    """Stretch the lease before running a receiver that declared a longer one."""
-    needed = timedelta(seconds=(receiver.lease_seconds or conf.get().LEASE_SECONDS) * 1.1)
-    if claim.lease_expires_at - claim.claimed_at >= needed:
-        return claim
-    until = claim.claimed_at + needed
-    _update_claimed(alias, claim, {"lease_expires_at": until, "available_at": until})
-    return claim
+def _lapsed_reason(claim: Claim) -> str:
+    """Why a row whose last attempt was lost to a lapsed lease is dead; keeps the error
+    an earlier attempt recorded, if any."""
+    reason = (
+        f"the lease lapsed on attempt {claim.attempts} of {claim.max_attempts}: the worker "
+        "died or outlived its lease. Raise lease_seconds= or find what kills the worker."
+    )
+    if claim.last_error:
+        return f"{reason} The last recorded error: {claim.last_error}"
+    return f"{reason} No attempt recorded an error."
 
 
 def _settle_unrun(
@@ -249,7 +278,7 @@ def _settle_unrun(
         },
     )
     if not written:
-        _warn_lease_lost(claim)
+        _warn_lease_lost(claim, ran=False)
         return None, None
     _log_unrun(claim.id, claim.event_name, claim.event_id, claim.receiver_key, status, reason)
     if status is DeliveryStatus.DEAD and receiver is not None and receiver.on_failure:
@@ -261,7 +290,7 @@ def _settle_unrun(
 def record_failure(
     claim: Claim,
     receiver: RegisteredReceiver,
-    error: Exception,
+    error: BaseException,
     *,
     now: datetime,
 ) -> tuple[DeliveryStatus | None, Outcome | None]:
@@ -296,7 +325,7 @@ def record_failure(
             assignments["available_at"] = outcome.available_at
     written = _update_claimed(alias, claim, assignments)  # one statement: no transaction
     if not written:
-        _warn_lease_lost(claim)
+        _warn_lease_lost(claim, ran=True)
         return None, None
     if outcome.tells_on_failure:
         _log_failure(claim, outcome.status, outcome.last_error, error)
@@ -354,11 +383,23 @@ def _log_unrun(
     )
 
 
-def _warn_lease_lost(claim: Claim) -> None:
+def _warn_lease_lost(claim: Claim, *, ran: bool) -> None:
+    if not ran:
+        logger.warning(
+            "Delivery %s to %s: the lease taken at %s by %s lapsed before its turn in the "
+            "batch and another worker took the row over; it was not run here. If batches "
+            "take longer than the lease, lower the batch size or raise LEASE_SECONDS.",
+            claim.id,
+            claim.receiver_key,
+            claim.claimed_at.isoformat(),
+            claim.claimed_by,
+        )
+        return
     logger.warning(
         "Delivery %s to %s: the lease taken at %s by %s lapsed before the outcome was "
         "recorded, and another worker holds the row; nothing was recorded. If the "
-        "receiver needs longer, declare @receiver(..., lease_seconds=...).",
+        "receiver needs longer, declare @receiver(..., lease_seconds=...) (on SQLite) or "
+        "raise RUN_LIMIT_SECONDS (elsewhere, where a heartbeat renews the lease).",
         claim.id,
         claim.receiver_key,
         claim.claimed_at.isoformat(),

@@ -25,7 +25,7 @@ class TaskBackend(Protocol):
     def enqueue(self, delivery_id: int, *, claimed_by: str, claimed_at: str) -> None: ...
 
 
-class TaskBackendMissing(RuntimeError):
+class TaskBackendMissing(ImproperlyConfigured, RuntimeError):
     """A receiver declared ``site="task"`` and no ``TASK_BACKEND`` is configured."""
 
 

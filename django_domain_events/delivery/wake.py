@@ -87,38 +87,78 @@ def _send_trailing(alias: str) -> None:
 
 
 class Listener:
-    """A dedicated autocommit connection LISTENing for wake-ups."""
+    """A dedicated autocommit connection LISTENing for wake-ups.
+
+    ``listen()`` before the first claim; after the connection is lost, ``wait()``
+    LISTENs again and reports a wake-up, so the pass that follows catches up on what was
+    fired meanwhile. A LISTEN that fails is logged once at WARNING (the relay then finds
+    work on its poll) and retried every ``RETRY_SECONDS``.
+    """
+
+    RETRY_SECONDS = 10.0
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
         self._connection: Any = None
+        self._failed_at: float | None = None
 
-    def _connect(self) -> Any:
-        import psycopg
+    def listen(self) -> bool:
+        """Connect and LISTEN; False (logged once until it works again) when it fails."""
+        self.close()
+        try:
+            import psycopg
 
-        params = connections[self.alias].get_connection_params()
-        params.pop("context", None)
-        params.pop("cursor_factory", None)
-        params.pop("prepare_threshold", None)
-        connection = psycopg.connect(**params, autocommit=True)
-        connection.execute(f'LISTEN "{CHANNEL}"')
-        return connection
+            params = connections[self.alias].get_connection_params()
+            params.pop("context", None)
+            params.pop("cursor_factory", None)
+            params.pop("prepare_threshold", None)
+            connection = psycopg.connect(**params, autocommit=True)
+            connection.execute(f'LISTEN "{CHANNEL}"')
+        except Exception as error:
+            if self._failed_at is None:
+                logger.warning(
+                    "The relay cannot LISTEN for wake-ups (%s: %s); it finds new work on its "
+                    "poll (POLL_SECONDS) until it can. Behind a transaction-mode pooler, give "
+                    "the relay a direct or session-mode connection, or set WAKE='poll'.",
+                    type(error).__name__,
+                    error,
+                )
+            self._failed_at = time.monotonic()
+            return False
+        if self._failed_at is not None:
+            logger.info("The relay LISTENs for wake-ups again.")
+        self._connection = connection
+        self._failed_at = None
+        return True
 
     def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a wake-up; True when one came."""
+        """Wait up to ``timeout`` seconds for a wake-up; True when one came, or when the
+        relay may have missed some while it was not listening."""
         if self._connection is None or self._connection.closed:
-            self._connection = self._connect()
+            retry_due = (
+                self._failed_at is None or time.monotonic() - self._failed_at >= self.RETRY_SECONDS
+            )
+            if retry_due and self.listen():
+                return True  # listening again: catch up on what came meanwhile
+            time.sleep(timeout)
+            return False
         woke = False
-        for _ in self._connection.notifies(timeout=timeout, stop_after=1):
-            woke = True
-        # Drain what else queued up meanwhile: one pass serves them all.
-        for _ in self._connection.notifies(timeout=0):
-            pass
+        try:
+            for _ in self._connection.notifies(timeout=timeout, stop_after=1):
+                woke = True
+            # Drain what else queued up meanwhile: one pass serves them all.
+            for _ in self._connection.notifies(timeout=0):
+                pass
+        except Exception:
+            self.close()  # lost: the next wait LISTENs again, then catches up
+            return False
         return woke
 
     def close(self) -> None:
         if self._connection is not None:
             try:
                 self._connection.close()
+            except Exception:
+                pass
             finally:
                 self._connection = None

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...declare import registry
-from ...delivery.relay import DeliveryStatus, run_relay
+from ...delivery.relay import DeliveryStatus, RelayHalted, check_relay_options, run_relay
+
+# -v 2 shows the relay's INFO lines (start, stop, hand-backs), -v 3 its DEBUG lines too.
+_LOG_LEVELS = {2: logging.INFO, 3: logging.DEBUG}
 
 
 def _lane_size(value: str) -> tuple[str, int]:
@@ -28,7 +32,9 @@ class Command(BaseCommand):
         )
         parser.add_argument("--limit", type=int, help="With --once: deliver at most N rows.")
         parser.add_argument("--passes", type=int, help="Exit after N passes.")
-        parser.add_argument("--worker-id", help="This relay's name in claims (default host:pid).")
+        parser.add_argument(
+            "--worker-id", help="This relay's name in claims (default host:pid:token)."
+        )
         parser.add_argument(
             "--lane", action="append", dest="lanes", help="Serve this lane (repeatable)."
         )
@@ -54,37 +60,30 @@ class Command(BaseCommand):
             raise CommandError(
                 "--once runs until nothing is owed and --passes counts passes; give one of them."
             )
-        batch_size = options["batch_size"]
-        if batch_size is not None and batch_size < 1:
-            raise CommandError(f"--batch-size must be at least 1, not {batch_size}.")
         sizes: dict[str, int] = {}
         for value in options["lane_batch_sizes"]:
             lane, size = _lane_size(value)
             if lane in sizes:
                 raise CommandError(f"--lane-batch-size gives lane {lane!r} twice; give it once.")
-            if size < 1:
-                raise CommandError(f"--lane-batch-size {lane}={size}: sizes must be at least 1.")
-            if lane not in lanes:
-                raise CommandError(
-                    f"--lane-batch-size {lane}={size}, but this relay does not serve lane "
-                    f"{lane!r}; add --lane {lane}, or drop the size."
-                )
             sizes[lane] = size
-        declared = registry.lanes()
-        for lane in lanes:
-            if lane not in declared:
-                raise CommandError(
-                    f"No receiver declares lane {lane!r}; declared lanes are "
-                    f"{', '.join(sorted(declared))}. Check the spelling."
-                )
-        counts = run_relay(
-            worker_id=options["worker_id"],
-            passes=passes,
-            once=once,
-            lane=lanes,
-            batch_size=batch_size,
-            lane_batch_sizes=sizes,
-            limit=limit,
-        )
+        try:
+            check_relay_options(lanes, options["batch_size"], sizes)
+        except ValueError as error:
+            raise CommandError(str(error)) from error
+        level = _LOG_LEVELS.get(options["verbosity"])
+        if level is not None:
+            logging.getLogger("django_domain_events").setLevel(level)
+        try:
+            counts = run_relay(
+                worker_id=options["worker_id"],
+                passes=passes,
+                once=once,
+                lane=lanes,
+                batch_size=options["batch_size"],
+                lane_batch_sizes=sizes,
+                limit=limit,
+            )
+        except (RelayHalted, ImproperlyConfigured) as error:
+            raise CommandError(str(error)) from error
         done = ", ".join(f"{counts[s]} {s.value}" for s in DeliveryStatus if counts[s])
         self.stdout.write(f"Delivered: {done or 'nothing owed'}.")
