@@ -102,6 +102,45 @@ def check_declarations(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
     return found
 
 
+@register(Tags.compatibility)
+def check_importable_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``AROUND_DELIVERY`` and ``TASK_BACKEND`` load, and task receivers have a backend.
+
+    The relay loads the same settings the same way before it claims a row, and refuses
+    to start on any of these: a broken setting must never charge (or kill) a delivery.
+    """
+    if conf.problems(getattr(django_settings, conf.SETTINGS_NAME, {})):
+        return []
+    from .delivery.run import around_hook
+    from .delivery.tasks import TaskBackendMissing, get_backend
+
+    settings = conf.get()
+    found: list[CheckMessage] = []
+    if settings.AROUND_DELIVERY is not None:
+        try:
+            around_hook(settings.AROUND_DELIVERY)
+        except ImproperlyConfigured as error:
+            found.append(
+                Error(str(error), hint="Fix AROUND_DELIVERY.", id="django_domain_events.E006")
+            )
+    tasks = [r.key for r in registry.receivers if r.durable and r.site == "task"]
+    if settings.TASK_BACKEND is None and not tasks:
+        return found
+    try:
+        get_backend()
+    except TaskBackendMissing:
+        found.append(
+            Error(
+                f"Receivers {', '.join(tasks)} declare site='task', and no TASK_BACKEND is set.",
+                hint="Set DJANGO_DOMAIN_EVENTS['TASK_BACKEND'], or declare them site='relay'.",
+                id="django_domain_events.E007",
+            )
+        )
+    except ImproperlyConfigured as error:
+        found.append(Error(str(error), hint="Fix TASK_BACKEND.", id="django_domain_events.E007"))
+    return found
+
+
 @register(Tags.database)
 def check_rows(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Owed rows nobody can deliver: their receiver or their event is no longer declared."""

@@ -26,6 +26,10 @@ _MYSQL_TRANSIENT = {1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 2055, 
 
 _SQLITE_TRANSIENT = ("database is locked", "database table is locked", "disk i/o error")
 
+# Of those, the ones that mean the connection itself is gone.
+_PG_LOST = ("08", "57P01", "57P02", "57P03")
+_MYSQL_LOST = {1053, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
+
 
 def is_outage(error: BaseException, alias: str) -> bool:
     """Whether ``error``, raised by the database ``alias``, may pass by waiting."""
@@ -35,6 +39,28 @@ def is_outage(error: BaseException, alias: str) -> bool:
     if isinstance(error, InterfaceError) or _transient(error, vendor):
         return True
     return vendor != "sqlite" and not _reachable(alias)  # a local file is always there
+
+
+def connection_lost(error: BaseException, alias: str) -> bool:
+    """Whether ``error`` came with the loss of the connection to ``alias`` itself: a
+    receiver that fails so did not fail, the database went away under it."""
+    if isinstance(error, InterfaceError):
+        return True
+    if not isinstance(error, DatabaseError):
+        return False
+    connection = connections[alias]
+    if connection.connection is None:  # closed by Django: its rollback failed
+        return True
+    cause = error.__cause__ or error
+    if connection.vendor == "postgresql":
+        code = getattr(cause, "sqlstate", None)
+        if code is None:
+            return isinstance(error, OperationalError)
+        return code.startswith(_PG_LOST)
+    if connection.vendor == "mysql":
+        args: tuple[object, ...] = getattr(cause, "args", ())
+        return bool(args) and args[0] in _MYSQL_LOST
+    return False
 
 
 def _transient(error: DatabaseError, vendor: str) -> bool:

@@ -33,6 +33,7 @@ from ..models import TERMINAL_VALUES, DeliveryRecord, DeliveryStatus
 from ..scope import caused_by
 from .claim import Claim, compare_and_set, database_alias, event_payload, parse_json
 from .lease import kept_alive, receiver_lease, renew
+from .outage import connection_lost
 from .outcomes import (
     DeliveryContext,
     DeliveryFailure,
@@ -230,6 +231,8 @@ def attempt(
         _warn_lease_lost(claim, ran=True)
         return None, None
     except (Exception, SystemExit) as error:  # a receiver calling sys.exit() fails too
+        if connection_lost(error, alias):
+            raise  # an outage, not the receiver's failure: the relay hands the row back
         return record_failure(claim, receiver, error, now=now)
     return DeliveryStatus.SUCCEEDED, None
 

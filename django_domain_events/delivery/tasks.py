@@ -50,7 +50,7 @@ def get_backend() -> TaskBackend:
         path = setting["BACKEND"]
     try:
         backend = import_string(path)(**options)
-    except (ImportError, TypeError) as exc:
+    except Exception as exc:
         raise ImproperlyConfigured(
             f"DJANGO_DOMAIN_EVENTS['TASK_BACKEND'] = {setting!r} could not be built: {exc}."
         ) from exc
