@@ -101,7 +101,7 @@ def test_cancel_command_prints_counts_and_refuses_bad_input() -> None:
     event_id = fire_one(OrderPlaced(order_id=1))
     with pytest.raises(CommandError, match="No event 999999"):
         command("cancel_deliveries", str(event_id), "999999")
-    with pytest.raises(CommandError, match="No receiver 't.nope'"):
+    with pytest.raises(CommandError, match="Receiver 't.nope' is owed none of the events"):
         command("cancel_deliveries", str(event_id), "--receiver", "t.nope")
     with pytest.raises(CommandError, match="is given once"):
         command("cancel_deliveries", str(event_id), "--receiver", "t.a", "--receiver", "t.a")
@@ -216,7 +216,7 @@ def test_requeue_command() -> None:
     receiver(OrderPlaced, key="t.dead", max_attempts=1)(failing)
     fire_one(OrderPlaced(order_id=1))
     drain_outbox()
-    with pytest.raises(CommandError, match="--limit must be 0 or more"):
+    with pytest.raises(CommandError, match="--limit must be a whole number from 0"):
         command("requeue_dead", "--limit", "-1")
     with pytest.raises(CommandError, match="No receiver 't.nope'"):
         command("requeue_dead", "--receiver", "t.nope")
@@ -312,14 +312,14 @@ def test_quiet_receivers_survives_the_prune() -> None:
         "t.never",
     ]
     assert "t.never (testapp.OrderPlaced): last succeeded never" in command("quiet_receivers")
-    with pytest.raises(CommandError, match="--days must be a positive number of days, not -2"):
+    with pytest.raises(CommandError, match="--days must be a number of days above 0, .* not -2"):
         command("quiet_receivers", "--days", "-2")
 
 
 def test_prune_command_refuses_bad_input() -> None:
-    with pytest.raises(CommandError, match="--days must be 0 or more"):
+    with pytest.raises(CommandError, match="--days must be a number of days from 0 to .* not -1"):
         command("prune_events", "--days", "-1")
-    with pytest.raises(CommandError, match="--batch-size must be at least 1"):
+    with pytest.raises(CommandError, match="--batch-size must be a whole number from 1"):
         command("prune_events", "--batch-size", "0")
 
 
