@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import pytest
@@ -326,7 +325,7 @@ def test_prune_command_refuses_bad_input() -> None:
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL locking")
 @pytest.mark.django_db(transaction=True)
 def test_a_replay_racing_a_prune_keeps_the_reopened_work() -> None:
-    from tests.conftest import start_child
+    from tests.conftest import start_child, wait_until_blocked
 
     receiver(OrderPlaced, key="tests.record_order")(lambda evt: None)
     event_id = fire_one(OrderPlaced(order_id=1))
@@ -335,8 +334,7 @@ def test_a_replay_racing_a_prune_keeps_the_reopened_work() -> None:
     with transaction.atomic():
         assert replay_events([event_id]) == {"reopened": 1, "added": 0}
         pruner = start_child("prune")
-        time.sleep(1.5)  # the pruner chose the event and now waits on our lock
-        assert pruner.poll() is None
+        wait_until_blocked(pruner)  # the pruner chose the event and now waits on our lock
     out, err = pruner.communicate(timeout=60)
     assert pruner.returncode == 0, err
     assert out.strip() == "0"
