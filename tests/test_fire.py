@@ -486,3 +486,13 @@ def test_whatever_the_codec_fire_refuses_non_finite_numbers() -> None:
         with pytest.raises(UnsupportedPayloadType, match=r"Pinged.n: it is inf"):
             fire(Pinged(n=1))
         assert not EventRecord.objects.exists()
+
+
+def test_a_row_due_in_a_later_hour_adds_one_tally_insert_whatever_their_number() -> None:
+    for index in range(3):
+        receiver(OrderShipped, key=f"t.later{index}", due=timedelta(days=2))(lambda evt: None)
+    receiver(OrderShipped, key="t.now")(lambda evt: None)
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        fire(OrderShipped(order_id=1, carrier="ups"))
+    assert len(queries) == 3, [q["sql"] for q in queries]
+    assert "scheduledtally" in queries[2]["sql"].lower()
