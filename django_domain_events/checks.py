@@ -143,17 +143,19 @@ def check_importable_settings(app_configs: Any = None, **kwargs: Any) -> list[Ch
 
 @register(Tags.database)
 def check_rows(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Owed rows nobody can deliver: their receiver or their event is no longer declared."""
+    """Owed rows nobody can deliver: their receiver or their event is no longer declared,
+    or their receiver's key now names a receiver of another event."""
     if not databases:
         return []
     known_keys = {r.key for r in registry.receivers if r.durable}
     known_names = {e.name for e in registry.events}
     owed = DeliveryRecord.objects.filter(status__in=OWED_VALUES)
     try:
-        keys = set(owed.values_list("receiver_key", flat=True).distinct())
-        names = set(owed.values_list("event__name", flat=True).distinct())
+        pairs = set(owed.values_list("receiver_key", "event__name").distinct())
     except DatabaseError:
         return []  # not migrated yet: migrate says so
+    keys = {key for key, _ in pairs}
+    names = {name for _, name in pairs}
     found: list[CheckMessage] = []
     for key in sorted(keys - known_keys):
         found.append(
@@ -163,6 +165,18 @@ def check_rows(app_configs: Any = None, databases: Any = None, **kwargs: Any) ->
                 id="django_domain_events.W002",
             )
         )
+    for key, name in sorted(pairs):
+        declared = registry.receiver(key)
+        if declared is not None and declared.durable and not declared.accepts(name):
+            found.append(
+                checks.Warning(
+                    f"Owed deliveries of {name} name receiver {key!r}, which now listens to "
+                    f"{declared.event_name}: the relay will record them orphaned.",
+                    hint=f"Give the {declared.event_name} receiver another key and declare the "
+                    f"{name} receiver under {key!r} again; or leave the rows to be orphaned.",
+                    id="django_domain_events.W004",
+                )
+            )
     for name in sorted(names - known_names):
         found.append(
             checks.Warning(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -80,6 +81,7 @@ class RegisteredReceiver:
     ttl: timedelta | None = None
     retry: RetryPolicy | None = None
     is_async: bool = field(default=False, compare=False)
+    event_name: str = ""  # the event class's name at declaration; "" for AnyEvent
 
     @property
     def durable(self) -> bool:
@@ -88,6 +90,19 @@ class RegisteredReceiver:
     @property
     def wildcard(self) -> bool:
         return self.event_class is AnyEvent
+
+    def accepts(self, event_name: str) -> bool:
+        """Whether a row of the event named ``event_name`` is this receiver's to run.
+
+        A row names its receiver by key only; should the key have come to name a receiver
+        of another declared event, running it would hand one event to code written for
+        another. A name no longer declared is accepted here: such a row dies undecoded.
+        """
+        return (
+            self.wildcard
+            or event_name == self.event_name
+            or registry.event_named(event_name) is None
+        )
 
 
 class Registry:
@@ -147,11 +162,14 @@ class Registry:
     # Receivers --------------------------------------------------------------
 
     def add_receiver(self, registered: RegisteredReceiver) -> None:
+        """Take the key; only the same declaration, imported again, may take it twice."""
         existing = self._receivers.get(registered.key)
-        if existing is not None and not _same_definition(existing.func, registered.func):
+        if existing is not None and not _same_receiver(existing, registered):
             raise ValueError(
-                f"Receiver key {registered.key!r} is already taken by {_dotted(existing.func)}; "
-                f"give {_dotted(registered.func)} its own key with @receiver(..., key=...)."
+                f"Receiver key {registered.key!r} is already taken by {_declared(existing)}, "
+                f"so {_declared(registered)} cannot take it too: the rows written for one "
+                "would be run by the other. Give one of them its own key with "
+                "@receiver(..., key=...)."
             )
         self._receivers[registered.key] = registered
         self._for_class.clear()
@@ -199,6 +217,38 @@ def _dotted(obj: Any) -> str:
 def _same_definition(a: Any, b: Any) -> bool:
     """True when ``b`` is ``a`` declared again (a module imported twice)."""
     return _dotted(a) == _dotted(b)
+
+
+def _source(func: Any) -> tuple[str, int, str] | str:
+    """Where ``func`` was written (file, first line, qualified name), which a module
+    imported again repeats and a copy-pasted function of the same name does not."""
+    target = inspect.unwrap(func)
+    while isinstance(target, functools.partial):
+        target = target.func
+    code = getattr(target, "__code__", None)
+    if code is None and not inspect.isroutine(target):  # an instance: its class's __call__
+        code = getattr(type(target).__call__, "__code__", None)
+    if code is None:
+        return _dotted(target)
+    return (code.co_filename, code.co_firstlineno, code.co_qualname)
+
+
+def _same_receiver(a: RegisteredReceiver, b: RegisteredReceiver) -> bool:
+    """True when ``b`` is ``a`` declared again: the same function for the same event.
+
+    Classes are compared by dotted name, since a module imported again makes new ones.
+    """
+    return (a.func is b.func or _source(a.func) == _source(b.func)) and _same_definition(
+        a.event_class, b.event_class
+    )
+
+
+def _declared(r: RegisteredReceiver) -> str:
+    """``module.func (file:line) for Event``: tells apart two functions of one name."""
+    where = _source(r.func)
+    located = f" ({where[0]}:{where[1]})" if isinstance(where, tuple) else ""
+    listens = "every event" if r.wildcard else (r.event_name or r.event_class.__qualname__)
+    return f"{_dotted(r.func)}{located} for {listens}"
 
 
 def _app_label(obj: Any) -> str:
@@ -407,11 +457,17 @@ def receiver(
                 ttl=ttl,
                 retry=policy,
                 is_async=inspect.iscoroutinefunction(func),
+                event_name=_event_name(event_cls),
             )
         )
         return func
 
     return declare
+
+
+def _event_name(event_cls: type) -> str:
+    registered = registry.event_for_class(event_cls)
+    return registered.name if registered is not None else ""
 
 
 def _check_event_class(event_cls: object) -> None:

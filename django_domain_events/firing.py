@@ -19,7 +19,7 @@ from functools import partial
 from django.db import IntegrityError, connections, router, transaction
 
 from . import clock, conf, tally
-from .codec import get_codec
+from .codec import encode_event, text_problem
 from .declare import (
     DURABLE,
     INLINE,
@@ -100,6 +100,9 @@ def _check_dedupe_key(registered: RegisteredEvent, dedupe_key: str | None) -> No
             f"fire(dedupe_key=) must be a non-empty string of at most 255 characters, "
             f"not {dedupe_key!r}."
         )
+    problem = text_problem(dedupe_key)
+    if problem:
+        raise ValueError(f"fire(dedupe_key={dedupe_key!r}) {problem}.")
     if isinstance(registered.retention, Retention):
         raise ValueError(
             f"fire(dedupe_key=) on {registered.name}, declared with retention="
@@ -123,7 +126,7 @@ def _event_row(
     return EventRecord(
         name=registered.name,
         version=registered.version,
-        payload=get_codec().encode(evt),
+        payload=encode_event(evt),
         occurred_at=occurred_at,
         recorded_at=recorded_at,
         actor=scope.actor,
@@ -221,6 +224,9 @@ def resolve_targets(record: EventRecord, evt: object, receiver: RegisteredReceiv
                 f"targets= of {receiver.key} returned a target of {len(target)} characters; "
                 f"targets are stored in a column of {MAX_TARGET_LENGTH}."
             )
+        problem = text_problem(target)
+        if problem:
+            raise ValueError(f"targets= of {receiver.key} returned {target!r}, which {problem}.")
         targets[target] = None
     return list(targets)
 

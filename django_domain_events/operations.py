@@ -15,7 +15,7 @@ from typing import Any
 from django.db import connections, router, transaction
 from django.db.models import QuerySet
 
-from . import clock, tally
+from . import clock, conf, tally
 from .declare import RegisteredReceiver, registry
 from .delivery.outcomes import receiver_lifetime_end
 from .delivery.wake import wake_after_commit
@@ -278,16 +278,26 @@ def purge_dead(
     older_than: timedelta | None = None,
     all: bool = False,  # noqa: A002 - the public name
 ) -> int:
-    """Delete dead rows; refuses to delete every dead row unless ``all=True``."""
+    """Delete dead rows; refuses to delete every dead row unless ``all=True``.
+
+    Works in batches of ``PRUNE_BATCH_ROWS``, each under the lock of its events, and the
+    delete repeats the selection: a row a replay or requeue reopened after it was read is
+    no longer dead, and stays.
+    """
     if receiver_key is None and event_name is None and older_than is None and not all:
         raise ValueError(
             "purge_dead() with no receiver_key, event_name or older_than would delete every "
             "dead letter; narrow it, or pass all=True."
         )
     rows = dead_letters(receiver_key=receiver_key, event_name=event_name, older_than=older_than)
-    count, _ = (
-        DeliveryRecord.objects.using(_alias())
-        .filter(pk__in=list(rows.values_list("pk", flat=True)))
-        .delete()
-    )
-    return count
+    alias, size = _alias(), conf.get().PRUNE_BATCH_ROWS
+    purged, after = 0, 0
+    with transaction.atomic(using=alias):
+        while batch := list(
+            rows.filter(pk__gt=after).order_by("pk").values_list("pk", "event_id")[:size]
+        ):
+            lock_events(alias, sorted({event_id for _, event_id in batch}))
+            count, _ = rows.filter(pk__in=[pk for pk, _ in batch]).delete()
+            purged += count
+            after = batch[-1][0]
+    return purged

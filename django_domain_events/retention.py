@@ -130,9 +130,10 @@ def remember_successes(alias: str, event_ids: Sequence[int]) -> None:
             receiver_key=row["receiver_key"], defaults={"last_succeeded_at": row["last"]}
         )
         if not created and mark.last_succeeded_at < row["last"]:
-            ReceiverMark.objects.using(alias).filter(pk=mark.pk).update(
-                last_succeeded_at=row["last"]
-            )
+            # Another prune may have moved the mark on since it was read: only forward.
+            ReceiverMark.objects.using(alias).filter(
+                pk=mark.pk, last_succeeded_at__lt=row["last"]
+            ).update(last_succeeded_at=row["last"])
 
 
 def _delete_old_dead_letters(cutoff: datetime, rows_per_batch: int) -> int:

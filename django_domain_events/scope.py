@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
+from .codec import check_storable, text_problem
+
 
 @dataclass(frozen=True)
 class Scope:
@@ -77,6 +79,9 @@ def attributed(actor: Any = None, source: str | None = None, **scope: Any) -> It
             f"attributed(**scope) values must be JSON-serialisable ({exc}); "
             "pass ids and strings rather than objects."
         ) from None
+    check_storable(scope, "scope")
+    if source is not None and text_problem(str(source)):
+        raise ValueError(f"attributed(source={source!r}) {text_problem(str(source))}.")
     outer = _scope.get() or Scope()
     user, key, label = _actor_identity(actor)
     if user is None and source is not None:
@@ -105,6 +110,8 @@ def suppressed(*event_classes: type, reason: str, record: bool = True) -> Iterat
     """
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError("suppressed(reason=) must say why, for the event log; it was empty.")
+    if text_problem(reason):
+        raise ValueError(f"suppressed(reason={reason!r}) {text_problem(reason)}.")
     token = _suppressions.set(
         (*_suppressions.get(), _Suppression(tuple(event_classes), reason[:255], record))
     )

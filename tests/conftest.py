@@ -64,3 +64,23 @@ needs_postgresql = pytest.mark.skipif(
     os.environ.get("DDE_TEST_DB", "sqlite") not in ("postgres", "postgresql"),
     reason="needs real concurrency: runs on PostgreSQL",
 )
+
+
+def wait_until_blocked(child: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Wait until another session of this PostgreSQL database waits on a lock: a child
+    held at the critical moment of a race, by a lock this test holds."""
+
+    def blocked() -> bool:
+        if child.poll() is not None:
+            out, err = child.communicate()
+            raise AssertionError(f"the child ended before it blocked: {out} {err}")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            )
+            row = cursor.fetchone()
+        return bool(row and row[0])
+
+    wait_for(blocked, timeout, "the child to wait on this test's lock")

@@ -132,3 +132,20 @@ def test_owed_rows_nobody_can_deliver_are_reported() -> None:
     found = {e.id: e.msg for e in run_checks(databases=["default"])}
     assert "'t.leaving'" in found["django_domain_events.W002"]
     assert "'testapp.Renamed'" in found["django_domain_events.W003"]
+
+
+@pytest.mark.django_db
+def test_owed_rows_whose_receiver_now_listens_to_another_event_are_reported() -> None:
+    from django_domain_events import receiver, registry
+    from tests.app.events import OrderPlaced, Pinged
+
+    receiver(OrderPlaced, key="t.moved")(lambda evt: None)
+    receiver(OrderPlaced, key="t.stays")(lambda evt: None)
+    with transaction.atomic():
+        fire(OrderPlaced(order_id=1))
+    registry.forget("t.moved")
+    receiver(Pinged, key="t.moved")(lambda evt: None)
+    found = [e for e in run_checks(databases=["default"]) if e.id == "django_domain_events.W004"]
+    assert len(found) == 1
+    assert "'t.moved'" in found[0].msg and "testapp.OrderPlaced" in found[0].msg
+    assert "testapp.Pinged" in found[0].msg and found[0].hint

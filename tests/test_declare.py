@@ -255,3 +255,71 @@ def test_what_listens_to_and_listens_for() -> None:
     assert listens_for("t.y") is registry.event_for_class(OrderPlaced)
     assert listens_for("t.every") is None
     assert listens_for("t.unknown") is None
+
+
+def test_a_copy_pasted_receiver_for_another_event_cannot_take_the_key() -> None:
+    @receiver(OrderPlaced)
+    def notify_doctor(evt: object) -> None:
+        pass
+
+    first = notify_doctor
+    with pytest.raises(ValueError) as refused:
+
+        @receiver(Pinged)
+        def notify_doctor(evt: object) -> None:  # noqa: F811 - the copy-paste under test
+            pass
+
+    message = str(refused.value)
+    assert "'tests.notify_doctor'" in message
+    assert "OrderPlaced" in message and "Pinged" in message
+    assert "key=" in message
+    assert registry.receiver("tests.notify_doctor").func is first  # type: ignore[union-attr]
+
+
+def test_the_same_function_cannot_be_declared_again_for_another_event() -> None:
+    receiver(OrderPlaced, key="t.twice")(noop)
+    with pytest.raises(ValueError, match="already taken"):
+        receiver(Pinged, key="t.twice")(noop)
+    assert registry.receiver("t.twice").event_class is OrderPlaced  # type: ignore[union-attr]
+
+
+def test_a_module_imported_again_declares_its_receiver_again(tmp_path, monkeypatch) -> None:
+    import importlib
+    import sys
+
+    (tmp_path / "reimported_events.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from django_domain_events import event, receiver\n\n"
+        "@event(name='t.Reimported')\n"
+        "@dataclass(frozen=True)\n"
+        "class Reimported:\n"
+        "    n: int = 0\n\n"
+        "@receiver(Reimported, key='t.reimported')\n"
+        "def on_reimported(evt):\n"
+        "    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        first = importlib.import_module("reimported_events")
+        del sys.modules["reimported_events"]
+        second = importlib.import_module("reimported_events")
+        assert second.Reimported is not first.Reimported
+        declared = registry.receiver("t.reimported")
+        assert declared is not None and declared.func is second.on_reimported
+        assert declared.accepts("t.Reimported")
+    finally:
+        sys.modules.pop("reimported_events", None)
+        registered = registry._events_by_name.pop("t.Reimported", None)
+        if registered is not None:
+            registry._events_by_class.pop(registered.event_class, None)
+
+
+def test_a_receiver_accepts_rows_of_its_own_event_only() -> None:
+    receiver(OrderPlaced, key="t.own")(noop)
+    receiver(AnyEvent, key="t.every")(noop)
+    own, every = registry.receiver("t.own"), registry.receiver("t.every")
+    assert own is not None and every is not None
+    assert own.accepts("testapp.OrderPlaced")
+    assert not own.accepts("testapp.Pinged")
+    assert own.accepts("gone.Undeclared")  # such a row dies undecoded instead
+    assert every.accepts("testapp.OrderPlaced") and every.accepts("anything.Else")

@@ -565,3 +565,16 @@ def test_any_exception_while_decoding_is_a_dead_letter_not_a_crash() -> None:
     row = row_for(event_id)
     assert "could not be decoded into t.Strict" in row.last_error
     assert "n must not be negative" in row.last_error
+
+
+def test_a_row_is_never_handed_to_a_receiver_of_another_event() -> None:
+    receiver(OrderPlaced, key="t.moved")(lambda evt: None)
+    event_id = fire_committed(OrderPlaced(order_id=1))
+    registry.forget("t.moved")
+    ran: list[object] = []
+    receiver(Pinged, key="t.moved")(ran.append)  # the key now names a Pinged receiver
+    counts = drain_outbox()
+    assert counts[DeliveryStatus.ORPHANED] == 1 and ran == []
+    row = row_for(event_id)
+    assert (row.status, row.attempts) == (DeliveryStatus.ORPHANED, 0)
+    assert "testapp.OrderPlaced" in row.last_error and "testapp.Pinged" in row.last_error

@@ -380,3 +380,119 @@ def test_caused_by_alone_joins_the_causing_events_correlation_chain() -> None:
     assert rows[child].correlation_id == rows[root].correlation_id
     assert rows[child].causation_id == root
     assert rows[other].correlation_id == "req-42"
+
+
+# What no supported database stores as given ---------------------------------------
+
+
+def deeply(levels: int) -> object:
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.fixture
+def nested_event():
+    """An event whose field nests 70 lists deep: more than any payload may."""
+    import dataclasses
+
+    from django_domain_events import event, registry
+
+    annotation: object = int
+    for _ in range(70):
+        annotation = list[annotation]  # type: ignore[valid-type]
+    cls = dataclasses.make_dataclass("Nested", [("value", annotation)], frozen=True)
+    cls.__module__ = __name__
+    event(name="t.Nested")(cls)
+    yield cls
+    registry._events_by_name.pop("t.Nested")
+    registry._events_by_class.pop(cls)
+
+
+@pytest.mark.parametrize(
+    "make, error, path",
+    [
+        (lambda: OrderShipped(order_id=1, carrier="dh\x00l"), "NUL", "OrderShipped.carrier"),
+        (lambda: Pinged(labels=["ok", "bad\ud800"]), "surrogate", r"Pinged.labels\[1\]"),
+        (lambda: OrderPlaced(order_id=1, tags=("\x00",)), "NUL", r"OrderPlaced.tags\[0\]"),
+    ],
+)
+def test_text_no_database_stores_is_refused_by_fire_naming_the_field(make, error, path) -> None:
+    receiver(AnyEvent, key="t.all")(lambda evt: None)
+    with transaction.atomic():
+        with pytest.raises(UnsupportedPayloadType, match=rf"{path}.*{error}"):
+            fire(make())
+        assert not EventRecord.objects.exists()  # the transaction is still usable
+        fire(Pinged(n=2))
+    assert EventRecord.objects.count() == 1 and DeliveryRecord.objects.count() == 1
+
+
+def test_a_payload_nested_too_deep_is_refused_by_fire(nested_event) -> None:
+    with transaction.atomic():
+        with pytest.raises(UnsupportedPayloadType, match=r"Nested.value(\[0\])+.*64"):
+            fire(nested_event(value=deeply(70)))
+        assert not EventRecord.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "scope, path",
+    [
+        ({"trail": [1, 2, 3, float("nan")]}, r"scope\['trail'\]\[3\].*nan"),
+        ({"ratio": float("inf")}, r"scope\['ratio'\].*inf"),
+        ({"note": "a\x00b"}, r"scope\['note'\].*NUL"),
+        ({"meta": {"k\x00": 1}}, r"scope\['meta'\].*key.*NUL"),
+        ({"who": "\udcff"}, r"scope\['who'\].*surrogate"),
+        ({"deep": deeply(70)}, r"scope\['deep'\](\[0\])+.*64"),
+    ],
+)
+def test_a_scope_no_database_stores_is_refused_before_anything_is_written(scope, path) -> None:
+    receiver(AnyEvent, key="t.all")(lambda evt: None)
+    with transaction.atomic():
+        with pytest.raises(UnsupportedPayloadType, match=path), attributed(**scope):
+            fire(Pinged(n=1))
+        assert not EventRecord.objects.exists()  # the transaction is still usable
+        fire(Pinged(n=2))
+    assert EventRecord.objects.count() == 1 and DeliveryRecord.objects.count() == 1
+
+
+def test_keys_and_targets_no_database_stores_are_refused() -> None:
+    receiver(Pinged, key="t.fan", targets=lambda evt, ctx: ["a\x00"])(lambda evt: None)
+    with transaction.atomic():
+        with pytest.raises(ValueError, match=r"dedupe_key.*NUL"):
+            fire(OrderPlaced(order_id=1), dedupe_key="k\x00")
+        assert not EventRecord.objects.exists()  # the transaction is still usable
+    # A bad target, like any targets= refusal, rolls the caller's change back.
+    with pytest.raises(ValueError, match=r"targets= of t.fan.*NUL"), transaction.atomic():
+        fire(Pinged(n=1))
+    assert not EventRecord.objects.exists() and not DeliveryRecord.objects.exists()
+
+
+class LaxCodec:
+    """A codec that checks nothing: fire() still refuses what no database stores."""
+
+    def encode(self, evt: object) -> dict:
+        return {"n": float("inf"), "labels": []}
+
+    def decode(self, event_class: type, payload: dict) -> object:
+        return event_class(**payload)
+
+
+def test_whatever_the_codec_fire_refuses_non_finite_numbers() -> None:
+    from django.test import override_settings
+
+    lax = override_settings(DJANGO_DOMAIN_EVENTS={"CODEC": f"{__name__}.LaxCodec"})
+    with lax, transaction.atomic():
+        with pytest.raises(UnsupportedPayloadType, match=r"Pinged.n: it is inf"):
+            fire(Pinged(n=1))
+        assert not EventRecord.objects.exists()
+
+
+def test_a_row_due_in_a_later_hour_adds_one_tally_insert_whatever_their_number() -> None:
+    for index in range(3):
+        receiver(OrderShipped, key=f"t.later{index}", due=timedelta(days=2))(lambda evt: None)
+    receiver(OrderShipped, key="t.now")(lambda evt: None)
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        fire(OrderShipped(order_id=1, carrier="ups"))
+    assert len(queries) == 3, [q["sql"] for q in queries]
+    assert "scheduledtally" in queries[2]["sql"].lower()

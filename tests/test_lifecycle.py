@@ -273,7 +273,8 @@ def test_dump_prints_one_json_object_per_line() -> None:
         "tags": [],
     }
     assert first["last_error"] == "ConnectionError: unreachable" and first["attempts"] == 1
-    assert command("dead_letters", "dump", "--event-name", "nope") == ""
+    with pytest.raises(CommandError, match="No event named 'nope'"):
+        command("dead_letters", "dump", "--event-name", "nope")
 
 
 def test_retry_goes_through_requeue_dead_and_reports_counts() -> None:

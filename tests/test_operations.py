@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import pytest
@@ -101,7 +100,7 @@ def test_cancel_command_prints_counts_and_refuses_bad_input() -> None:
     event_id = fire_one(OrderPlaced(order_id=1))
     with pytest.raises(CommandError, match="No event 999999"):
         command("cancel_deliveries", str(event_id), "999999")
-    with pytest.raises(CommandError, match="No receiver 't.nope'"):
+    with pytest.raises(CommandError, match="Receiver 't.nope' is owed none of the events"):
         command("cancel_deliveries", str(event_id), "--receiver", "t.nope")
     with pytest.raises(CommandError, match="is given once"):
         command("cancel_deliveries", str(event_id), "--receiver", "t.a", "--receiver", "t.a")
@@ -216,7 +215,7 @@ def test_requeue_command() -> None:
     receiver(OrderPlaced, key="t.dead", max_attempts=1)(failing)
     fire_one(OrderPlaced(order_id=1))
     drain_outbox()
-    with pytest.raises(CommandError, match="--limit must be 0 or more"):
+    with pytest.raises(CommandError, match="--limit must be a whole number from 0"):
         command("requeue_dead", "--limit", "-1")
     with pytest.raises(CommandError, match="No receiver 't.nope'"):
         command("requeue_dead", "--receiver", "t.nope")
@@ -312,21 +311,21 @@ def test_quiet_receivers_survives_the_prune() -> None:
         "t.never",
     ]
     assert "t.never (testapp.OrderPlaced): last succeeded never" in command("quiet_receivers")
-    with pytest.raises(CommandError, match="--days must be a positive number of days, not -2"):
+    with pytest.raises(CommandError, match="--days must be a number of days above 0, .* not -2"):
         command("quiet_receivers", "--days", "-2")
 
 
 def test_prune_command_refuses_bad_input() -> None:
-    with pytest.raises(CommandError, match="--days must be 0 or more"):
+    with pytest.raises(CommandError, match="--days must be a number of days from 0 to .* not -1"):
         command("prune_events", "--days", "-1")
-    with pytest.raises(CommandError, match="--batch-size must be at least 1"):
+    with pytest.raises(CommandError, match="--batch-size must be a whole number from 1"):
         command("prune_events", "--batch-size", "0")
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL locking")
 @pytest.mark.django_db(transaction=True)
 def test_a_replay_racing_a_prune_keeps_the_reopened_work() -> None:
-    from tests.conftest import start_child
+    from tests.conftest import start_child, wait_until_blocked
 
     receiver(OrderPlaced, key="tests.record_order")(lambda evt: None)
     event_id = fire_one(OrderPlaced(order_id=1))
@@ -335,8 +334,7 @@ def test_a_replay_racing_a_prune_keeps_the_reopened_work() -> None:
     with transaction.atomic():
         assert replay_events([event_id]) == {"reopened": 1, "added": 0}
         pruner = start_child("prune")
-        time.sleep(1.5)  # the pruner chose the event and now waits on our lock
-        assert pruner.poll() is None
+        wait_until_blocked(pruner)  # the pruner chose the event and now waits on our lock
     out, err = pruner.communicate(timeout=60)
     assert pruner.returncode == 0, err
     assert out.strip() == "0"

@@ -182,6 +182,10 @@ def attempt(
             "restore it and replay the event, or leave the row as a record.",
             receiver=None,
         )
+    if not receiver.accepts(claim.event_name):
+        reason = f"receiver {claim.receiver_key!r} now listens to {receiver.event_name}, not "
+        reason += f"{claim.event_name}; restore the key's receiver and replay, or leave the row."
+        return _settle_unrun(alias, claim, DeliveryStatus.ORPHANED, reason, receiver=None)
     if claim.expires_at is not None and now >= claim.expires_at:
         reason = expired_reason(receiver, claim.expires_at)
         return _settle_unrun(alias, claim, DeliveryStatus.DEAD, reason, receiver)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from ...operations import cancel_deliveries
-from ..arguments import existing_events, known_receiver
+from ..arguments import existing_events, receiver_of_events
+from ..base import OutboxCommand
 
 
 class _Once(argparse.Action):
@@ -18,7 +19,7 @@ class _Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = "Cancel the owed deliveries of these events; claimed ones are counted in flight."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -27,6 +28,6 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         ids = existing_events(options["ids"])
-        key = options["receiver"] and known_receiver(options["receiver"])
+        key = options["receiver"] and receiver_of_events(options["receiver"], ids, or_rows=True)
         result = cancel_deliveries(ids, receiver_key=key)
         self.stdout.write(f"cancelled: {result['cancelled']}, in_flight: {result['in_flight']}")

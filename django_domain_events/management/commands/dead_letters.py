@@ -6,13 +6,14 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from ...operations import dead_letters, purge_dead, requeue_dead
-from ..arguments import known_receiver, non_negative
+from ..arguments import days, known_event_name, known_receiver, non_negative
+from ..base import OutboxCommand
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = "Dump dead letters as JSON lines, retry them, or purge them."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -30,18 +31,22 @@ class Command(BaseCommand):
         purge.add_argument("--all", action="store_true", dest="everything")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        limit = non_negative(options.get("limit"), "--limit")
+        older_than = days(options.get("older_than"), "--older-than")
         key = options.get("receiver")
         if key is not None:
             known_receiver(key)
+        if options.get("event_name") is not None:
+            known_event_name(options["event_name"])
         if options["action"] == "dump":
             self._dump(key, options.get("event_name"))
         elif options["action"] == "retry":
             total = dead_letters(receiver_key=key).count()
-            count = requeue_dead(receiver_key=key, limit=non_negative(options["limit"], "--limit"))
+            count = requeue_dead(receiver_key=key, limit=limit)
             self.stdout.write(f"Total dead letters: {total}")
             self.stdout.write(f"Retrying: {count}/{total}")
         else:
-            self._purge(key, options)
+            self._purge(key, options["event_name"], older_than, options["everything"])
 
     def _dump(self, key: str | None, event_name: str | None) -> None:
         for row in dead_letters(receiver_key=key, event_name=event_name).iterator():
@@ -59,18 +64,20 @@ class Command(BaseCommand):
             }
             self.stdout.write(json.dumps(record, sort_keys=True))
 
-    def _purge(self, key: str | None, options: dict[str, Any]) -> None:
-        days = non_negative(options["older_than"], "--older-than")
-        scoped = key is not None or options["event_name"] is not None or days is not None
-        if not scoped and not options["everything"]:
+    def _purge(
+        self,
+        key: str | None,
+        event_name: str | None,
+        older_than: timedelta | None,
+        everything: bool,
+    ) -> None:
+        scoped = key is not None or event_name is not None or older_than is not None
+        if not scoped and not everything:
             raise CommandError(
                 "dead_letters purge deletes dead letters for good: say which with --receiver, "
                 "--event-name or --older-than, or pass --all to delete every one."
             )
         count = purge_dead(
-            receiver_key=key,
-            event_name=options["event_name"],
-            older_than=timedelta(days=days) if days is not None else None,
-            all=options["everything"],
+            receiver_key=key, event_name=event_name, older_than=older_than, all=everything
         )
         self.stdout.write(f"Purged: {count}")

@@ -7,11 +7,12 @@ import json
 from datetime import datetime
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from ... import clock
 from ...introspect import OutboxHealth, outbox_health
 from ...tally import recount
+from ..base import OutboxCommand
 
 
 def _age(oldest: datetime | None, now: datetime) -> str:
@@ -24,7 +25,7 @@ def _age(oldest: datetime | None, now: datetime) -> str:
     return f"{seconds}s"
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = "Print the outbox's totals, a line per lane and a line per receiver."
 
     def add_arguments(self, parser: CommandParser) -> None:

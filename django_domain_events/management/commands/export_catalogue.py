@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from ...cataloguing import FORMATS, catalogue, render_catalogue
+from ..base import OutboxCommand
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = (
         "Print every declared event, its fields and its receivers, as Markdown or JSON. "
         "Commit the output to review declaration changes as a diff."

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from ...retention import prune_events
-from ..arguments import non_negative, positive
+from ..arguments import days, non_negative, positive
+from ..base import OutboxCommand
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = "Delete settled events past their retention; owed and scheduled work is kept."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -20,10 +20,8 @@ class Command(BaseCommand):
         parser.add_argument("--batch-size", type=int, help="Rows per batch.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        days = non_negative(options["days"], "--days")
-        count = prune_events(
-            timedelta(days=days) if days is not None else None,
-            limit=non_negative(options["limit"], "--limit"),
-            batch_size=positive(options["batch_size"], "--batch-size"),
-        )
+        window = days(options["days"], "--days")
+        limit = non_negative(options["limit"], "--limit")
+        batch_size = positive(options["batch_size"], "--batch-size")
+        count = prune_events(window, limit=limit, batch_size=batch_size)
         self.stdout.write(f"pruned: {count} events")

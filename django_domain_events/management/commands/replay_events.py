@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from ...operations import replay_events
-from ..arguments import existing_events, known_receiver
+from ..arguments import existing_events, receiver_of_events
+from ..base import OutboxCommand
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = "Reopen the settled deliveries of these events and add any that are missing."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -25,7 +26,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         ids = existing_events(options["ids"])
-        keys = [known_receiver(key) for key in options["receivers"] or []] or None
+        keys = [
+            receiver_of_events(key, ids, or_rows=False) for key in options["receivers"] or []
+        ] or None
         try:
             result = replay_events(ids, receiver_keys=keys)
         except (LookupError, TypeError, ValueError) as error:  # e.g. a due= callable refusing
