@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from django_domain_events import event, receiver
 
 RELAY_NOOP_KEY = "bench.relay_noop"
+BULKY_KEY = "bench.bulky"
 
 
 @event
@@ -33,3 +34,16 @@ class Relayed:
 @receiver(Relayed, key=RELAY_NOOP_KEY)
 def relay_noop(evt: Relayed) -> None:
     """Does nothing: what is measured is the relay around it."""
+
+
+@event
+@dataclass(frozen=True)
+class Bulky:
+    """A large payload (section 8): what a relay holds in memory while it delivers."""
+
+    blob: str
+
+
+@receiver(Bulky, key=BULKY_KEY, lane="bulky")
+def bulky_noop(evt: Bulky) -> None:
+    """Does nothing with the payload it was given: the relay's memory is what is measured."""

@@ -15,6 +15,7 @@ Environment, all optional:
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,8 @@ def main(argv: list[str]) -> None:
     print(f"relay cpu-start {time.process_time():.6f}", flush=True)
     call_command("deliver_events", *argv)
     print(f"relay cpu-end {time.process_time():.6f}", flush=True)
+    # Peak resident memory of this process, in KiB on Linux: run.py's section 8 reads it.
+    print(f"relay maxrss-kib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", flush=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     .venv/bin/python bench/run.py            full run (about four minutes)
     .venv/bin/python bench/run.py --quick    a tenth of the sizes: a smoke run
     .venv/bin/python bench/run.py --profile  also cProfile a 2,000-row drain
-    .venv/bin/python bench/run.py --only fire|delivery|breakdown|relay|claim|scheduled
+    .venv/bin/python bench/run.py --only fire|delivery|breakdown|relay|claim|scheduled|memory
 
 Targets are reported (PASS/MISS), not asserted: the exit status is 0 unless something
 failed (no database, a drain that did not deliver every row, ...).
@@ -29,6 +29,7 @@ TARGET_RELAY_RATIO = 0.5  # one deliver_events process over raw psycopg, deliver
 TARGET_SCALING = 1.5  # two deliver_events processes over one, deliveries/s
 TARGET_CLAIM_RATIO = 1.1  # claim_batch() latency, large table over empty
 TARGET_HEALTH_RATIO = 2.0  # outbox_health() latency, large table over empty
+TARGET_PEAK_MIB = 300.0  # a --once relay over section 8's large payloads, peak RSS
 
 FULL_SIZES = {
     # 11,000 events in all: at ~3-6 ms a commit on this machine, 20,000 would not fit the
@@ -48,9 +49,11 @@ FULL_SIZES = {
     "claim_scheduled": 50_000,  # ... and scheduled rows, due in 30 days
     "scheduled": 100_000,  # section 7: scheduled rows only
     "reps": 30,  # timed claim_batch() / outbox_health() calls per table state
+    "bulky_events": 40,  # section 8: events of ...
+    "bulky_mib": 10,  # ... this many MiB of payload each
 }
 # --quick divides every size by ten, but never below these.
-QUICK_FLOOR = {"relay_unpaced": 4, "relay_rounds": 2, "reps": 10}
+QUICK_FLOOR = {"relay_unpaced": 4, "relay_rounds": 2, "reps": 10, "bulky_mib": 10}
 
 
 def _admin_connection() -> Any:
@@ -432,15 +435,51 @@ def section_scheduled(outbox: Any, sizes: dict[str, int], summary: Summary, note
     ]
 
 
+def section_memory(sizes: dict[str, int], summary: Summary, note: str) -> None:
+    """A --once relay's peak memory over large payloads: the claim carries payloads only
+    up to 64 KB, larger ones are read one at a time as their row runs."""
+    import secrets
+    import subprocess
+
+    from django.db import transaction
+
+    from bench.events import Bulky
+    from bench.measure import reset_tables
+    from django_domain_events import fire
+
+    count, mib = sizes["bulky_events"], sizes["bulky_mib"]
+    print(
+        f"== 8. memory: one deliver_events --once --lane bulky (batch 50) over {count} events "
+        f"of {mib} MiB each (random hex, so PostgreSQL cannot compress them away){note}"
+    )
+    reset_tables()
+    for _ in range(count):
+        with transaction.atomic():
+            fire(Bulky(blob=secrets.token_hex(mib * 512 * 1024)))
+    child = Path(__file__).resolve().parent / "relay_child.py"
+    done = subprocess.run(
+        [sys.executable, str(child), "--once", "--lane", "bulky"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    peak = int(done.stdout.split("relay maxrss-kib ")[1].split()[0]) / 1024
+    verdict = verdict_of(peak < TARGET_PEAK_MIB)
+    figure("relay peak RSS", peak, f"MiB, target < {TARGET_PEAK_MIB:.0f}: {verdict}", ".0f")
+    print(f"  {done.stdout.strip().splitlines()[-2]}")
+    reset_tables()
+    summary.append((f"relay peak RSS, {count} x {mib} MiB", f"{peak:.0f} MiB", "< 300", verdict))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the sizes")
     parser.add_argument("--profile", action="store_true", help="cProfile a drain as well")
     parser.add_argument(
         "--only",
-        choices=["fire", "delivery", "breakdown", "relay", "claim", "scheduled"],
+        choices=["fire", "delivery", "breakdown", "relay", "claim", "scheduled", "memory"],
         help="run one part: fire (1.), delivery (2. and 3.), breakdown (4.), relay (5.), "
-        "claim (6.) or scheduled (7.)",
+        "claim (6.), scheduled (7.) or memory (8.)",
     )
     args = parser.parse_args(argv)
     scale = 10 if args.quick else 1
@@ -474,8 +513,10 @@ def main(argv: list[str] | None = None) -> int:
         section_claim(measure_outbox, sizes, summary, note)
     if args.only in (None, "scheduled"):
         section_scheduled(measure_outbox, sizes, summary, note)
+    if args.only in (None, "memory"):
+        section_memory(sizes, summary, note)
     if args.profile:
-        print(f"== 8. cProfile of deliver_pending() over {sizes['profile']:,} rows")
+        print(f"== 9. cProfile of deliver_pending() over {sizes['profile']:,} rows")
         print(measure.profile_ours(sizes["profile"]))
     elif verdict == "MISS":
         print("(ratio below target: run with --profile for the hot spots)")

@@ -29,6 +29,23 @@ def record(evt: object, ctx: DeliveryContext) -> None:
     )
 
 
+RUN_LOG_KEY = "tests.log_run"
+
+
+def log_run(evt: object, ctx: DeliveryContext) -> None:
+    """Append the delivery id to DDE_RUN_LOG, outside any transaction: every run counts,
+    a run whose outcome was then lost too. Sleeps DDE_SLOW_SECONDS after writing."""
+    with open(os.environ["DDE_RUN_LOG"], "a") as log:
+        log.write(f"{ctx.delivery_id}\n")
+    slow = float(os.environ.get("DDE_SLOW_SECONDS", "0"))
+    if slow:
+        time.sleep(slow)
+
+
+def declare_run_logger() -> None:
+    receiver(Pinged, key=RUN_LOG_KEY, takes_context=True)(log_run)
+
+
 def declare_recorder() -> None:
     receiver(OrderPlaced, key=RECORDER_KEY, takes_context=True)(record)
 
