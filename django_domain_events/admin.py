@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
-from django.db import router, transaction
+from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
@@ -31,7 +31,7 @@ from django.utils.text import Truncator
 
 from .codec import PayloadUpgradeFailed
 from .declare import registry
-from .models import OWED_VALUES, DeliveryRecord, DeliveryStatus, EventRecord
+from .models import OWED_VALUES, DeliveryRecord, DeliveryStatus, EventRecord, database_alias
 from .operations import cancel_deliveries, replay_events, requeue_dead
 
 #: What an operation raises for a selection it refuses (an event no longer declared or
@@ -64,10 +64,6 @@ _STATUS_COLOURS = {
 
 def _plural(count: int, singular: str, plural: str) -> str:
     return f"{count} {singular if count == 1 else plural}"
-
-
-def _alias() -> str:
-    return router.db_for_write(DeliveryRecord)
 
 
 def _status(value: str) -> SafeString:
@@ -420,7 +416,7 @@ class EventRecordAdmin(_ReadOnly, _EventAdminBase):
     def replay_selected_events(self, request: HttpRequest, queryset: QuerySet[EventRecord]) -> None:
         event_ids = _ids_of(queryset)
         try:
-            with transaction.atomic(using=_alias()):
+            with transaction.atomic(using=database_alias()):
                 left = DeliveryRecord.objects.filter(
                     event_id__in=event_ids, status__in=OWED_VALUES
                 ).count()
@@ -444,7 +440,7 @@ class EventRecordAdmin(_ReadOnly, _EventAdminBase):
     def cancel_owed_deliveries(self, request: HttpRequest, queryset: QuerySet[EventRecord]) -> None:
         event_ids = _ids_of(queryset)
         try:
-            with transaction.atomic(using=_alias()):
+            with transaction.atomic(using=database_alias()):
                 result = cancel_deliveries(event_ids)
                 total = DeliveryRecord.objects.filter(event_id__in=event_ids).count()
         except REFUSED as exc:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import json
 import re
 import types
@@ -28,6 +27,7 @@ from .declare import (
     RegisteredReceiver,
     Registry,
     Retention,
+    dotted_name,
 )
 from .declare import registry as default_registry
 from .retry import describe
@@ -128,7 +128,7 @@ def catalogue(registry: Registry | None = None) -> Catalogue:
     events = registry.events
     by_class = {e.event_class: e for e in events}
     # A module imported twice re-declares its classes: find their events by path too.
-    by_path = {_dotted(e.event_class): e for e in events}
+    by_path = {dotted_name(e.event_class): e for e in events}
     own: dict[str, list[CatalogueReceiver]] = {e.name: [] for e in events}
     wildcards: list[CatalogueReceiver] = []
     for declared in registry.receivers:
@@ -136,7 +136,7 @@ def catalogue(registry: Registry | None = None) -> Catalogue:
             wildcards.append(_receiver(declared, WILDCARD_EVENT_NAME, settings))
             continue
         registered = by_class.get(declared.event_class) or by_path.get(
-            _dotted(declared.event_class)
+            dotted_name(declared.event_class)
         )
         if registered is not None:
             own[registered.name].append(_receiver(declared, registered.name, settings))
@@ -145,7 +145,7 @@ def catalogue(registry: Registry | None = None) -> Catalogue:
             CatalogueEvent(
                 name=e.name,
                 version=e.version,
-                class_path=_dotted(e.event_class),
+                class_path=dotted_name(e.event_class),
                 retention=_retention(e),
                 fields=_fields(e.event_class),
                 receivers=tuple(sorted(own[e.name], key=lambda r: r.key)),
@@ -173,8 +173,8 @@ def _receiver(
         "event_name": event_name,
         "mode": declared.mode.value,
         "takes_context": declared.takes_context,
-        "on_failure": _dotted(declared.on_failure) if declared.on_failure is not None else None,
-        "function": _dotted(declared.func),
+        "on_failure": dotted_name(declared.on_failure) if declared.on_failure is not None else None,
+        "function": dotted_name(declared.func),
     }
     if declared.mode is not DURABLE:
         return CatalogueReceiver(
@@ -192,13 +192,11 @@ def _receiver(
             **common,
         )
     # Imported here: the delivery package imports the models, which need the app registry.
-    from .delivery.outcomes import retry_policy
+    from .delivery.outcomes import lifetime, retry_policy
 
     due = declared.due
-    if declared.ttl is not None:
-        ttl: float | None = declared.ttl.total_seconds()
-    else:
-        ttl = settings.MESSAGE_TTL_SECONDS
+    life, _ = lifetime(declared)
+    ttl = life.total_seconds() if life is not None else None
     return CatalogueReceiver(
         site=declared.site,
         lane=declared.lane,
@@ -214,9 +212,11 @@ def _receiver(
             else None
         ),
         due_seconds=_seconds(due.total_seconds()) if isinstance(due, timedelta) else None,
-        due_callable=_dotted(due) if due is not None and not isinstance(due, timedelta) else None,
+        due_callable=dotted_name(due)
+        if due is not None and not isinstance(due, timedelta)
+        else None,
         ttl_seconds=_seconds(ttl) if ttl is not None else None,
-        targets=_dotted(declared.targets) if declared.targets is not None else None,
+        targets=dotted_name(declared.targets) if declared.targets is not None else None,
         **common,
     )
 
@@ -233,16 +233,6 @@ def _seconds(value: float) -> float:
     """Whole seconds as an int (``172800``, not ``172800.0``), others unchanged."""
     number = float(value)
     return int(number) if number.is_integer() else number
-
-
-def _dotted(obj: object) -> str:
-    """``module.qualname`` of a callable, without calling or importing anything."""
-    if isinstance(obj, functools.partial):
-        return _dotted(obj.func)
-    owner = obj if hasattr(obj, "__qualname__") else type(obj)
-    module = getattr(owner, "__module__", None) or type(obj).__module__
-    qualname = getattr(owner, "__qualname__", None) or type(obj).__qualname__
-    return f"{module}.{qualname}"
 
 
 # ---------------------------------------------------------------- fields
@@ -269,7 +259,7 @@ def _default(f: dataclasses.Field[Any]) -> str | None:
     if f.default is not dataclasses.MISSING:
         return _value_repr(f.default)
     if f.default_factory is not dataclasses.MISSING:
-        name = _dotted(f.default_factory)
+        name = dotted_name(f.default_factory)
         return f"{name.removeprefix('builtins.')}()"
     return None
 

@@ -123,7 +123,7 @@ class Registry:
         ):
             raise ValueError(
                 f"Event name {registered.name!r} is already declared by "
-                f"{_dotted(existing.event_class)}; give {_dotted(registered.event_class)} "
+                f"{dotted_name(existing.event_class)}; give {dotted_name(registered.event_class)} "
                 "another name with @event(name=...)."
             )
         if existing is not None:
@@ -210,13 +210,19 @@ class Registry:
 registry = Registry()
 
 
-def _dotted(obj: Any) -> str:
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+def dotted_name(obj: object) -> str:
+    """``module.qualname`` of a class or callable, without calling or importing anything."""
+    if isinstance(obj, functools.partial):
+        return dotted_name(obj.func)
+    owner = obj if hasattr(obj, "__qualname__") else type(obj)
+    module = getattr(owner, "__module__", None) or type(obj).__module__
+    qualname = getattr(owner, "__qualname__", None) or type(obj).__qualname__
+    return f"{module}.{qualname}"
 
 
 def _same_definition(a: Any, b: Any) -> bool:
     """True when ``b`` is ``a`` declared again (a module imported twice)."""
-    return _dotted(a) == _dotted(b)
+    return dotted_name(a) == dotted_name(b)
 
 
 def _source(func: Any) -> tuple[str, int, str] | str:
@@ -229,7 +235,7 @@ def _source(func: Any) -> tuple[str, int, str] | str:
     if code is None and not inspect.isroutine(target):  # an instance: its class's __call__
         code = getattr(type(target).__call__, "__code__", None)
     if code is None:
-        return _dotted(target)
+        return dotted_name(target)
     return (code.co_filename, code.co_firstlineno, code.co_qualname)
 
 
@@ -248,7 +254,7 @@ def _declared(r: RegisteredReceiver) -> str:
     where = _source(r.func)
     located = f" ({where[0]}:{where[1]})" if isinstance(where, tuple) else ""
     listens = "every event" if r.wildcard else (r.event_name or r.event_class.__qualname__)
-    return f"{_dotted(r.func)}{located} for {listens}"
+    return f"{dotted_name(r.func)}{located} for {listens}"
 
 
 def _app_label(obj: Any) -> str:
@@ -302,7 +308,7 @@ def _registered_event(
         )
     if not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
         raise TypeError(
-            f"@event needs a frozen dataclass, and {_dotted(cls)} is not frozen: an event is a "
+            f"@event needs a frozen dataclass, and {dotted_name(cls)} is not frozen: an event is a "
             "fact that must not change after it is fired. Use @dataclass(frozen=True)."
         )
     name = name if name is not None else f"{_app_label(cls)}.{cls.__name__}"
@@ -342,7 +348,7 @@ def _upgrade_hook(cls: type) -> Callable[[dict[str, Any], int], dict[str, Any]] 
         return None
     if not isinstance(raw, staticmethod | classmethod):
         raise TypeError(
-            f"{_dotted(cls)}.upgrade must be a @staticmethod or @classmethod taking "
+            f"{dotted_name(cls)}.upgrade must be a @staticmethod or @classmethod taking "
             "(payload: dict, from_version: int); a plain method would need an event "
             "instance, which cannot exist before the payload is upgraded."
         )
@@ -626,6 +632,6 @@ def _check_arity(func: Callable[..., Any], takes_context: bool) -> None:
         if not takes_context:
             fix = "declare takes_context=True" if len(positional) == 2 else "take exactly (evt)"
         raise TypeError(
-            f"{_dotted(func)} is called as {shape} with takes_context={takes_context}, but "
+            f"{dotted_name(func)} is called as {shape} with takes_context={takes_context}, but "
             f"its signature is {signature}; {fix}."
         )

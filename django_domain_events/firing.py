@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from functools import partial
 
-from django.db import IntegrityError, connections, router, transaction
+from django.db import IntegrityError, connections, transaction
 
 from . import clock, conf, tally
 from .codec import encode_event, text_problem
@@ -33,7 +33,7 @@ from .delivery.outcomes import DeliveryContext, receiver_lifetime_end
 from .delivery.relay import default_worker_id, deliver_one
 from .delivery.run import call_receiver, refuse_awaitable
 from .delivery.wake import wake_after_commit
-from .models import DeliveryRecord, DeliveryStatus, EventRecord
+from .models import DeliveryRecord, DeliveryStatus, EventRecord, database_alias
 from .scope import Cause, caused_by, current_cause, current_scope, suppression_for
 
 logger = logging.getLogger("django_domain_events.fire")
@@ -65,7 +65,7 @@ def fire(
     if suppression is not None and not suppression[1]:
         return None
     settings = conf.get()
-    alias = router.db_for_write(EventRecord)
+    alias = database_alias()
     if settings.WARN_OUTSIDE_ATOMIC and not connections[alias].in_atomic_block:
         warnings.warn(
             f"fire({registered.name}) outside transaction.atomic(): the event commits on "

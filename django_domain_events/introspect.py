@@ -11,8 +11,14 @@ from django.db.models import Case, Count, Min, When
 
 from . import clock, conf
 from .declare import AnyEvent, RegisteredEvent, RegisteredReceiver, registry
-from .models import OWED_VALUES, DeliveryRecord, DeliveryStatus, ReceiverMark
-from .models import LanePause as PauseRecord
+from .models import (
+    OWED_VALUES,
+    STATUS_SQL,
+    DeliveryRecord,
+    DeliveryStatus,
+    LanePauseRecord,
+    ReceiverMark,
+)
 from .tally import horizon, scheduled_from
 
 
@@ -143,7 +149,7 @@ def outbox_health(*, now: datetime | None = None) -> OutboxHealth:
         tallies.setdefault(row["receiver_key"], _Tally()).dead += row["n"]
     pauses: dict[str, list[LanePause]] = {}
     for pause in (
-        PauseRecord.objects.using(alias).filter(until__gt=moment).order_by("lane", "worker_id")
+        LanePauseRecord.objects.using(alias).filter(until__gt=moment).order_by("lane", "worker_id")
     ):
         pauses.setdefault(pause.lane, []).append(
             LanePause(worker_id=pause.worker_id, paused_at=pause.paused_at, until=pause.until)
@@ -157,7 +163,7 @@ SELECT receiver_key, status, due_at > %(now)s AS ahead, expires_at <= %(now)s AS
 FROM (
     SELECT receiver_key, status, expires_at, available_at, due_at
     FROM {table}
-    WHERE status IN ('pending', 'failed', 'claimed') AND due_at < %(later)s
+    WHERE status IN {owed} AND due_at < %(later)s
     ORDER BY due_at
 ) AS owed
 GROUP BY 1, 2, 3, 4, 5
@@ -176,7 +182,10 @@ def _owed_before(alias: str, moment: datetime, later: datetime) -> list[dict[str
     if connection.vendor == "postgresql":
         table = connection.ops.quote_name(DeliveryRecord._meta.db_table)
         with connection.cursor() as cursor:
-            cursor.execute(_OWED_BEFORE_SQL.format(table=table), {"now": moment, "later": later})
+            cursor.execute(
+                _OWED_BEFORE_SQL.format(table=table, owed=STATUS_SQL["owed"]),
+                {"now": moment, "later": later},
+            )
             names = [column[0] for column in cursor.description]
             return [
                 {**dict(zip(names, row, strict=True)), "oldest": clock.normalize(row[6])}

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.db import models
+from django.db import models, router
 from django.db.models import Q
 
 
@@ -38,6 +38,11 @@ TERMINAL = (
 )
 OWED_VALUES = tuple(s.value for s in OWED)
 TERMINAL_VALUES = tuple(s.value for s in TERMINAL)
+
+# The statuses as SQL literals, for the hand-written statements (``{claimed}``,
+# ``{owed}``): literals, not parameters, so PostgreSQL matches the partial indexes.
+STATUS_SQL = {s.name.lower(): f"'{s.value}'" for s in DeliveryStatus}
+STATUS_SQL["owed"] = "(" + ", ".join(f"'{v}'" for v in OWED_VALUES) + ")"
 
 
 class PartialIndex(models.Index):
@@ -251,8 +256,11 @@ class ReceiverMark(models.Model):
         return f"{self.receiver_key} last succeeded {self.last_succeeded_at.isoformat()}"
 
 
-class LanePause(models.Model):
-    """A relay holding back a lane after ``RetryAfter(counts=False)``: for operators."""
+class LanePauseRecord(models.Model):
+    """A relay holding back a lane after ``RetryAfter(counts=False)``: for operators.
+
+    ``outbox_health()`` reports the live ones as ``introspect.LanePause`` values.
+    """
 
     id = models.BigAutoField(primary_key=True)
     lane = models.CharField(max_length=64)
@@ -261,6 +269,7 @@ class LanePause(models.Model):
     until = models.DateTimeField(db_index=True)
 
     class Meta:
+        db_table = "django_domain_events_lanepause"
         verbose_name = "lane pause"
         constraints = [
             models.UniqueConstraint(fields=["lane", "worker_id"], name="dde_lane_pause_unique"),
@@ -268,3 +277,9 @@ class LanePause(models.Model):
 
     def __str__(self) -> str:
         return f"{self.lane} paused by {self.worker_id} until {self.until.isoformat()}"
+
+
+def database_alias() -> str:
+    """The database every transaction of the package uses: the router's choice for the
+    delivery rows (events and the tally live beside them, joined by foreign key)."""
+    return router.db_for_write(DeliveryRecord)

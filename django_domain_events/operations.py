@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.db import connections, transaction
 from django.db.models import QuerySet
 
 from . import clock, conf, tally
@@ -20,7 +20,7 @@ from .declare import RegisteredReceiver, registry
 from .delivery.outcomes import receiver_lifetime_end
 from .delivery.wake import wake_after_commit
 from .firing import resolve_due, resolve_targets
-from .models import DeliveryRecord, DeliveryStatus, EventRecord
+from .models import DeliveryRecord, DeliveryStatus, EventRecord, database_alias
 
 REOPENABLE = (
     DeliveryStatus.SUCCEEDED,
@@ -29,10 +29,6 @@ REOPENABLE = (
     DeliveryStatus.CANCELLED,
 )
 CANCELLABLE = (DeliveryStatus.PENDING, DeliveryStatus.FAILED)
-
-
-def _alias() -> str:
-    return router.db_for_write(DeliveryRecord)
 
 
 def _ids(values: Iterable[Any] | None, what: str) -> list[int] | None:
@@ -92,7 +88,7 @@ def cancel_deliveries(
         raise TypeError(
             f"cancel_deliveries(receiver_key=) takes a key string, not {receiver_key!r}."
         )
-    alias = _alias()
+    alias = database_alias()
     with transaction.atomic(using=alias):
         lock_events(alias, events)
         rows = DeliveryRecord.objects.using(alias).filter(event_id__in=events)
@@ -130,7 +126,7 @@ def replay_events(
     """
     events = _ids(event_ids, "replay_events(event_ids)") or []
     keys = _check_keys(receiver_keys)
-    alias = _alias()
+    alias = database_alias()
     reopened = added = 0
     with transaction.atomic(using=alias):
         found = set(lock_events(alias, events))
@@ -220,7 +216,7 @@ def dead_letters(
     older_than: timedelta | None = None,
 ) -> QuerySet[DeliveryRecord]:
     """Dead rows, oldest death first, with their events; narrowed by the arguments."""
-    rows = DeliveryRecord.objects.using(_alias()).filter(status=DeliveryStatus.DEAD)
+    rows = DeliveryRecord.objects.using(database_alias()).filter(status=DeliveryStatus.DEAD)
     if receiver_key is not None:
         rows = rows.filter(receiver_key=receiver_key)
     if event_name is not None:
@@ -244,7 +240,7 @@ def requeue_dead(
         raise ValueError(f"requeue_dead(limit=) must be an int >= 0 or None, not {limit!r}.")
     if limit == 0:
         return 0
-    alias = _alias()
+    alias = database_alias()
     with transaction.atomic(using=alias):
         rows = dead_letters(receiver_key=receiver_key)
         if only is not None:
@@ -290,7 +286,7 @@ def purge_dead(
             "dead letter; narrow it, or pass all=True."
         )
     rows = dead_letters(receiver_key=receiver_key, event_name=event_name, older_than=older_than)
-    alias, size = _alias(), conf.get().PRUNE_BATCH_ROWS
+    alias, size = database_alias(), conf.get().PRUNE_BATCH_ROWS
     purged, after = 0, 0
     with transaction.atomic(using=alias):
         while batch := list(

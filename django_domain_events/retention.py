@@ -11,12 +11,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from django.db import connections, router, transaction
+from django.db import connections, transaction
 from django.db.models import Count, Exists, Max, OuterRef, Q
 from django.db.models.expressions import Combinable
 
 from . import clock, conf
-from .models import OWED_VALUES, DeliveryRecord, DeliveryStatus, EventRecord, ReceiverMark
+from .models import (
+    OWED_VALUES,
+    DeliveryRecord,
+    DeliveryStatus,
+    EventRecord,
+    ReceiverMark,
+    database_alias,
+)
 
 CONSUMED = (DeliveryStatus.SUCCEEDED, DeliveryStatus.CANCELLED)
 
@@ -74,7 +81,7 @@ def _prunable(moment: datetime, window: timedelta) -> Combinable:
 
 
 def _next_batch(moment: datetime, window: timedelta, rows: int, events: int) -> list[int]:
-    alias = router.db_for_write(EventRecord)
+    alias = database_alias()
     chosen = list(
         EventRecord.objects.using(alias)
         .filter(_prunable(moment, window))
@@ -102,7 +109,7 @@ def _next_batch(moment: datetime, window: timedelta, rows: int, events: int) -> 
 
 
 def _delete_batch(batch: Sequence[int], moment: datetime, window: timedelta) -> int:
-    alias = router.db_for_write(EventRecord)
+    alias = database_alias()
     with transaction.atomic(using=alias):
         events = EventRecord.objects.using(alias).filter(pk__in=batch).order_by("pk")
         if connections[alias].features.has_select_for_update:
@@ -138,7 +145,7 @@ def remember_successes(alias: str, event_ids: Sequence[int]) -> None:
 
 def _delete_old_dead_letters(cutoff: datetime, rows_per_batch: int) -> int:
     """Delete dead rows that died before ``cutoff`` (``DEAD_LETTER_TTL_SECONDS``)."""
-    alias = router.db_for_write(DeliveryRecord)
+    alias = database_alias()
     dead = DeliveryRecord.objects.using(alias).filter(
         status=DeliveryStatus.DEAD, completed_at__lte=cutoff
     )

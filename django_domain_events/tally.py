@@ -23,12 +23,12 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.db import connections, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
 from . import clock
-from .models import OWED_VALUES, DeliveryRecord, ScheduledTally
+from .models import OWED_VALUES, DeliveryRecord, ScheduledTally, database_alias
 
 HOUR = timedelta(hours=1)
 
@@ -109,7 +109,7 @@ def compact(using: str | None = None) -> int:
     Replaces exactly the rows it read and locked, so a delta appended meanwhile is kept.
     The relay calls it about once a minute. Returns how many rows it removed.
     """
-    alias = using or router.db_for_write(ScheduledTally)
+    alias = using or database_alias()
     start = horizon()
     with transaction.atomic(using=alias):
         rows = ScheduledTally.objects.using(alias).order_by("pk")
@@ -134,7 +134,7 @@ def recount(using: str | None = None) -> int:
     For after rows were written or deleted behind the package's back. On PostgreSQL it
     holds writers of the tally off while it counts; elsewhere run it while nothing fires.
     """
-    alias = using or router.db_for_write(ScheduledTally)
+    alias = using or database_alias()
     with transaction.atomic(using=alias):
         return rebuild(alias, DeliveryRecord, ScheduledTally)
 

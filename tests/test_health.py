@@ -22,7 +22,7 @@ from django_domain_events import (
     run_relay,
 )
 from django_domain_events.introspect import OutboxHealth
-from django_domain_events.models import DeliveryRecord, EventRecord, LanePause
+from django_domain_events.models import DeliveryRecord, EventRecord, LanePauseRecord
 from tests.app.events import OrderPlaced, Pinged
 from tests.support import failing, fire_one
 
@@ -84,7 +84,7 @@ def test_health_lists_lane_pauses() -> None:
     fire_one(Pinged())
     run_relay(worker_id="relay-7", passes=1, lane=["api", "zzz"])
     assert seen == ["relay-7"]
-    assert not LanePause.objects.exists()
+    assert not LanePauseRecord.objects.exists()
 
 
 def _bulk_settled(count: int) -> None:

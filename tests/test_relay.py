@@ -23,7 +23,7 @@ from django_domain_events import (
     run_relay,
 )
 from django_domain_events.delivery.lease import lane_lease
-from django_domain_events.models import DeliveryRecord, EventRecord, LanePause
+from django_domain_events.models import DeliveryRecord, EventRecord, LanePauseRecord
 from tests.app.events import OrderPlaced, Pinged
 from tests.app.models import Delivered
 from tests.procs.receivers import DEFAULT_PING_KEY, MAIL_KEY, declare_all
@@ -169,7 +169,9 @@ def test_a_relay_pause_is_recorded_for_operators_and_cleared() -> None:
         raise RetryAfter(0.3, counts=False)
 
     def look(evt: Pinged) -> None:  # runs after the api lane in the same pass
-        seen.extend((p.lane, p.worker_id, p.until - p.paused_at) for p in LanePause.objects.all())
+        seen.extend(
+            (p.lane, p.worker_id, p.until - p.paused_at) for p in LanePauseRecord.objects.all()
+        )
 
     receiver(Pinged, key="t.busy", lane="api", give_up_after=timedelta(hours=1))(busy)
     receiver(Pinged, key="t.look", lane="zzz")(look)
@@ -180,7 +182,7 @@ def test_a_relay_pause_is_recorded_for_operators_and_cleared() -> None:
     rows = DeliveryRecord.objects.filter(receiver_key="t.busy").order_by("id")
     assert [r.attempts for r in rows] == [0, 0]
     assert rows[1].status == DeliveryStatus.PENDING  # never claimed while the lane paused
-    assert not LanePause.objects.exists()  # the relay clears its pauses when it stops
+    assert not LanePauseRecord.objects.exists()  # the relay clears its pauses when it stops
 
 
 def test_the_idle_prune_runs_at_most_every_relay_prune_seconds() -> None:
@@ -226,7 +228,9 @@ def test_stale_pause_records_are_cleaned_up_and_never_reported() -> None:
     from django_domain_events import outbox_health
 
     long_ago = timezone.now() - timedelta(hours=1)
-    LanePause.objects.create(lane="api", worker_id="dead-relay", paused_at=long_ago, until=long_ago)
+    LanePauseRecord.objects.create(
+        lane="api", worker_id="dead-relay", paused_at=long_ago, until=long_ago
+    )
     receiver(Pinged, key="t.busy", lane="api", give_up_after=timedelta(hours=1))(
         lambda evt: (_ for _ in ()).throw(RetryAfter(30, counts=False))
     )
@@ -234,7 +238,7 @@ def test_stale_pause_records_are_cleaned_up_and_never_reported() -> None:
     assert lanes["api"].pauses == ()
     seen: list[str] = []
     receiver(Pinged, key="t.look", lane="zzz")(
-        lambda evt: seen.extend(LanePause.objects.values_list("worker_id", flat=True))
+        lambda evt: seen.extend(LanePauseRecord.objects.values_list("worker_id", flat=True))
     )
     fire_many(lambda n: Pinged(n=n), 1)
     run_relay(worker_id="relay-live", passes=1, lane=["api", "zzz"])

@@ -23,13 +23,20 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.db import connections, transaction
 from django.db.models import Case, F, PositiveIntegerField, Q, TextField, Value, When
 from django.db.models.functions import Cast, Length
 
 from .. import clock
 from ..declare import registry
-from ..models import OWED_VALUES, DeliveryRecord, DeliveryStatus, EventRecord
+from ..models import (
+    OWED_VALUES,
+    STATUS_SQL,
+    DeliveryRecord,
+    DeliveryStatus,
+    EventRecord,
+    database_alias,
+)
 
 
 @dataclass(frozen=True)
@@ -61,11 +68,6 @@ class Claim:
 # The largest payload (bytes of its JSON text) a claim carries; larger ones are read
 # one at a time, when their row runs.
 INLINE_PAYLOAD_BYTES = 64 * 1024
-
-
-def database_alias() -> str:
-    """The alias every delivery transaction uses: the router's choice for the rows."""
-    return router.db_for_write(DeliveryRecord)
 
 
 def lane_keys(lane: str | None) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
@@ -158,7 +160,7 @@ WITH picked AS (
     SELECT id, available_at AS was_available, status AS was_status, claimed_by AS was_by,
            claimed_at AS was_at, claim_position AS was_position, receiver_key
     FROM {delivery}
-    WHERE status IN ('pending', 'failed', 'claimed') AND {due} {filters}
+    WHERE status IN {owed} AND {due} {filters}
     ORDER BY available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -166,12 +168,12 @@ WITH picked AS (
     SELECT p.id, p.was_available, p.was_by, p.was_at, p.was_position,
            row_number() OVER (ORDER BY p.was_available, p.id) AS position,
            CASE
-               WHEN p.was_status <> 'claimed' THEN false
+               WHEN p.was_status <> {claimed} THEN false
                WHEN p.was_position = 0 THEN true
                WHEN p.receiver_key = ANY(%(task_keys)s::text[]) THEN false
                ELSE NOT EXISTS (
                    SELECT 1 FROM {delivery} AS o
-                   WHERE o.status = 'claimed' AND o.claimed_by = p.was_by
+                   WHERE o.status = {claimed} AND o.claimed_by = p.was_by
                      AND o.claimed_at = p.was_at AND o.claim_position < p.was_position
                      AND NOT (o.receiver_key = ANY(%(task_keys)s::text[]))
                )
@@ -183,18 +185,18 @@ WITH picked AS (
     JOIN numbered AS n
       ON n.charged AND n.was_position > 0 AND d.claimed_by = n.was_by
      AND d.claimed_at = n.was_at AND d.claim_position > n.was_position
-    WHERE d.status = 'claimed' AND d.id NOT IN (SELECT id FROM picked)
+    WHERE d.status = {claimed} AND d.id NOT IN (SELECT id FROM picked)
     FOR UPDATE OF d SKIP LOCKED
 ), handed_back AS (
     UPDATE {delivery} AS d
-    SET status = CASE WHEN d.attempts = 0 THEN 'pending' ELSE 'failed' END,
+    SET status = CASE WHEN d.attempts = 0 THEN {pending} ELSE {failed} END,
         available_at = %(now)s,
         lease_expires_at = NULL
     FROM unstarted AS u
     WHERE d.id = u.id
 ), claimed AS (
     UPDATE {delivery} AS d
-    SET status = 'claimed',
+    SET status = {claimed},
         claimed_by = %(worker)s,
         claimed_at = %(now)s,
         lease_expires_at = %(lease_end)s,
@@ -246,7 +248,10 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         delivery=connection.ops.quote_name(_table(DeliveryRecord)),
         event=connection.ops.quote_name(_table(EventRecord)),
         filters=" ".join(filters),
-        due="(available_at <= %(now)s OR (status = 'failed' AND due_at <= %(now)s))"
+        **STATUS_SQL,
+        due="(available_at <= %(now)s OR (status = {failed} AND due_at <= %(now)s))".format(
+            **STATUS_SQL
+        )
         if args.ignore_backoff
         else "available_at <= %(now)s",
     )

@@ -330,25 +330,26 @@ def _deferral(
     )
 
 
+def lifetime(receiver: RegisteredReceiver | None) -> tuple[timedelta | None, str]:
+    """A receiver's lifetime and where it comes from: its ``ttl=``, else
+    ``MESSAGE_TTL_SECONDS``, else none. The one place this rule lives."""
+    if receiver is not None and receiver.ttl is not None:
+        return receiver.ttl, f"ttl={receiver.ttl}"
+    seconds = conf.get().MESSAGE_TTL_SECONDS
+    if seconds is None:
+        return None, "its lifetime"
+    return timedelta(seconds=seconds), f"MESSAGE_TTL_SECONDS={seconds:g}"
+
+
 def receiver_lifetime_end(receiver: RegisteredReceiver | None, due_at: datetime) -> datetime | None:
-    """``due_at + ttl`` (the receiver's, else ``MESSAGE_TTL_SECONDS``), or None."""
-    ttl = receiver.ttl if receiver is not None else None
-    if ttl is None:
-        seconds = conf.get().MESSAGE_TTL_SECONDS
-        if seconds is None:
-            return None
-        ttl = timedelta(seconds=seconds)
-    return due_at + ttl
+    """``due_at`` plus the receiver's lifetime, or None when it has none."""
+    ttl, _ = lifetime(receiver)
+    return None if ttl is None else due_at + ttl
 
 
 def expired_reason(receiver: RegisteredReceiver | None, expires_at: datetime) -> str:
     """``last_error`` of a row that outlived its lifetime: starts ``expired:``, names the ttl."""
-    ttl = receiver.ttl if receiver is not None and receiver.ttl is not None else None
-    if ttl is None:
-        seconds = conf.get().MESSAGE_TTL_SECONDS
-        source = f"MESSAGE_TTL_SECONDS={seconds:g}" if seconds is not None else "its lifetime"
-    else:
-        source = f"ttl={ttl}"
+    _, source = lifetime(receiver)
     return (
         f"expired: still owed when its lifetime ({source}) ended at {expires_at.isoformat()}; "
         "it was dead-lettered without running again."

@@ -32,7 +32,7 @@ from django.db import DatabaseError, connections
 from .. import clock, conf, tally
 from ..codec import get_codec
 from ..declare import registry
-from ..models import DeliveryStatus, LanePause
+from ..models import DeliveryStatus, LanePauseRecord
 from ..retention import prune_events
 from .claim import Claim, claim_batch, database_alias, release, take_over
 from .lease import lane_lease
@@ -136,7 +136,7 @@ class _Pass:
 
     A lane set aside by ``RetryAfter(counts=False)`` stays aside for the rest of a
     ``deliver_pending`` call; a relay pauses it for the time asked, recorded in
-    ``LanePause`` for operators.
+    ``LanePauseRecord`` for operators.
     """
 
     worker_id: str
@@ -170,7 +170,7 @@ def record_pause(lane: str, worker_id: str, seconds: float) -> None:
     """Show the pause to operators; clears pauses whose relay never came back to end them."""
     now = clock.now()
     alias = database_alias()
-    pauses = LanePause.objects.using(alias)
+    pauses = LanePauseRecord.objects.using(alias)
     pauses.filter(until__lt=now).delete()
     pauses.update_or_create(
         lane=lane,
@@ -180,7 +180,7 @@ def record_pause(lane: str, worker_id: str, seconds: float) -> None:
 
 
 def end_pause(lane: str, worker_id: str) -> None:
-    LanePause.objects.using(database_alias()).filter(lane=lane, worker_id=worker_id).delete()
+    LanePauseRecord.objects.using(database_alias()).filter(lane=lane, worker_id=worker_id).delete()
 
 
 def _batch_size(lane: str, batch_size: int | None, lane_batch_sizes: Mapping[str, int]) -> int:
@@ -418,7 +418,7 @@ def run_relay(
             if on_main_thread:
                 signals.restore()
             with contextlib.suppress(Exception):
-                LanePause.objects.using(alias).filter(worker_id=state.worker_id).delete()
+                LanePauseRecord.objects.using(alias).filter(worker_id=state.worker_id).delete()
             if opened:
                 with contextlib.suppress(Exception):
                     connections[alias].close()
