@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import secrets
 import signal
 import socket
@@ -37,6 +38,8 @@ from ..retention import prune_events
 from .claim import Claim, claim_batch, database_alias, release, take_over
 from .lease import lane_lease
 from .outage import is_outage
+from .outcomes import Outcome
+from .pool import Done, LaneWorkers, Result
 from .run import around_hook, attempt, expire_overdue, record_failure
 from .run import logger as delivery_logger
 from .tasks import get_backend, hand_off
@@ -47,6 +50,7 @@ logger = logging.getLogger("django_domain_events.relay")
 TALLY_COMPACT_SECONDS = 60.0  # how often a relay folds the scheduled tally's deltas
 
 MAX_BATCH_SIZE = 10_000  # rows one claim may take; larger batches only hold leases longer
+MAX_CONCURRENCY = 256  # rows one relay runs at once per lane, each on its own connection
 
 Counts = dict[DeliveryStatus, int]
 
@@ -149,6 +153,17 @@ class _Pass:
     stop: Callable[[], bool] = lambda: False
     claimed: int = 0
     in_hand: list[Claim] = field(default_factory=list)  # the batch being run
+
+    def note(self, claim: Claim, status: DeliveryStatus | None, outcome: Outcome | None) -> float:
+        """Count what one attempt recorded; returns the seconds its lane should pause."""
+        if status is not None:
+            self.counts[status] += 1
+        if status is DeliveryStatus.PENDING and self.now is not None:
+            self.excluded.add(claim.id)
+        if status is DeliveryStatus.FAILED and self.ignore_backoff and claim.max_attempts is None:
+            # Unbounded attempts end by lifetime, not count: once per call, or it would spin.
+            self.excluded.add(claim.id)
+        return outcome.pause_seconds if outcome is not None else 0.0
 
     def pause(self, lane: str, seconds: float) -> None:
         self.paused_until[lane] = time.monotonic() + seconds
@@ -273,31 +288,131 @@ def _run_claims(state: _Pass, lane: str, claims: Sequence[Claim], now: datetime)
         if state.stop():
             release(claims[index:])
             return
-        receiver = registry.receiver(claim.receiver_key)
-        if receiver is not None and receiver.durable and receiver.site == "task":
-            try:
-                hand_off(claim)
-            except ImproperlyConfigured:
-                raise  # no backend, or one that cannot be built: no row pays for it
-            except Exception as error:  # the queue refused: a failed attempt
-                status, outcome = record_failure(claim, receiver, error, now=now)
-            else:
-                if state.now is not None:
-                    state.excluded.add(claim.id)
-                continue
-        else:
-            status, outcome = attempt(claim, now=now, decoded=decoded)
-        if status is not None:
-            state.counts[status] += 1
-        if status is DeliveryStatus.PENDING and state.now is not None:
-            state.excluded.add(claim.id)
-        if status is DeliveryStatus.FAILED and state.ignore_backoff and claim.max_attempts is None:
-            # Unbounded attempts end by lifetime, not count: once per call, or it would spin.
-            state.excluded.add(claim.id)
-        if outcome is not None and outcome.pause_seconds > 0:
-            state.pause(lane, outcome.pause_seconds)
+        result = run_one(claim, now, decoded)
+        if result is None:  # handed to the task queue
+            if state.now is not None:
+                state.excluded.add(claim.id)
+            continue
+        pause = state.note(claim, *result)
+        if pause:
+            state.pause(lane, pause)
             release(claims[index + 1 :])
             return
+
+
+def run_one(claim: Claim, now: datetime, decoded: dict[int, Any] | None = None) -> Result:
+    """Run one claimed row, or hand it to the task queue (None)."""
+    receiver = registry.receiver(claim.receiver_key)
+    if receiver is None or not receiver.durable or receiver.site != "task":
+        return attempt(claim, now=now, decoded=decoded)
+    try:
+        hand_off(claim)
+    except ImproperlyConfigured:
+        raise  # no backend, or one that cannot be built: no row pays for it
+    except Exception as error:  # the queue refused: a failed attempt
+        return record_failure(claim, receiver, error, now=now)
+    return None
+
+
+class _Pools:
+    """The worker threads of a relay that runs several deliveries at once, per lane.
+
+    The main thread claims as many rows as a lane has free slots and counts what the
+    workers report; the workers only run rows.
+    """
+
+    def __init__(self, lanes: Sequence[str], sizes: Mapping[str, int]) -> None:
+        self.done: queue.Queue[Done] = queue.Queue()
+        self.wake = threading.Event()  # set when a worker finishes a row
+        self.lanes = {
+            lane: LaneWorkers(lane, sizes[lane], self._run, self.done, self.wake) for lane in lanes
+        }
+
+    @staticmethod
+    def _run(claim: Claim) -> Result:
+        return run_one(claim, clock.now())
+
+    def busy(self) -> bool:
+        return any(workers.busy for workers in self.lanes.values())
+
+    def fill(
+        self,
+        state: _Pass,
+        batch_size: int | None,
+        lane_batch_sizes: Mapping[str, int],
+        limit: int | None,
+    ) -> int:
+        """Count what finished, then claim for every free slot; returns rows claimed."""
+        self.collect(state)
+        claimed = 0
+        for lane, workers in self.lanes.items():
+            room = workers.free()
+            if limit is not None:
+                room = min(room, limit - state.claimed)
+            if state.stop() or room <= 0 or state.lane_paused(lane):
+                continue
+            claims = claim_batch(
+                worker_id=state.worker_id,
+                now=clock.now(),
+                lease=lane_lease(lane),
+                limit=min(room, _batch_size(lane, batch_size, lane_batch_sizes)),
+                lane=lane,
+            )
+            state.claimed += len(claims)
+            claimed += len(claims)
+            workers.submit(claims)
+        return claimed
+
+    def collect(self, state: _Pass) -> None:
+        """Count the rows the workers finished; raise what escaped one, once the others
+        are done, leaving every row not settled in ``state.in_hand`` to hand back."""
+        errors: list[BaseException] = []
+        for done in self._finished():
+            if done.error is not None:
+                errors.append(done.error)
+                state.in_hand.append(done.claim)
+            elif done.result is not None and (pause := state.note(done.claim, *done.result)):
+                state.pause(done.lane, pause)
+                give_back(state, self.lanes[done.lane].take_back())
+        if errors:
+            self.drain(state)
+            raise errors[0]
+
+    def drain(self, state: _Pass) -> None:
+        """Hand back the rows no worker started, and wait for the rows being run."""
+        for workers in self.lanes.values():
+            give_back(state, workers.take_back())
+        while self.busy():
+            self.wake.wait(0.1)
+            self.wake.clear()
+        for done in self._finished():
+            if done.error is not None:
+                state.in_hand.append(done.claim)
+            elif done.result is not None:
+                state.note(done.claim, *done.result)
+
+    def close(self, state: _Pass) -> None:
+        """Finish the rows being run, hand back the rest, and end the threads."""
+        self.drain(state)
+        for workers in self.lanes.values():
+            workers.close()
+
+    def _finished(self) -> list[Done]:
+        found = []
+        while True:
+            try:
+                found.append(self.done.get_nowait())
+            except queue.Empty:
+                return found
+
+
+def give_back(state: _Pass, claims: list[Claim]) -> None:
+    """Hand back claims no worker started; while the database is away, keep them in
+    ``state.in_hand`` for the relay to hand back once it is back."""
+    try:
+        release(claims)
+    except Exception:
+        state.in_hand.extend(claims)
 
 
 # The long-running loop --------------------------------------------------------
@@ -383,6 +498,8 @@ def run_relay(
     limit: int | None = None,
     prune: Callable[[], object] | None = prune_events,
     once: bool = False,
+    concurrency: int | None = None,
+    lane_concurrency: Mapping[str, int] | None = None,
 ) -> Counts:
     """Deliver owed rows until stopped: the loop behind ``manage.py deliver_events``.
 
@@ -391,12 +508,20 @@ def run_relay(
     and returns. ``once`` returns as soon as a pass finds nothing owed, instead of waiting;
     ``passes`` returns after that many passes; ``limit`` after that many rows. When idle it
     calls ``prune`` (``prune_events`` unless given; ``None`` for none) at most every
-    ``RELAY_PRUNE_SECONDS``, if ``RELAY_PRUNE``. Raises ``RelayHalted`` on an error that
-    waiting cannot fix, ``ImproperlyConfigured`` or ``ValueError`` before starting.
+    ``RELAY_PRUNE_SECONDS``, if ``RELAY_PRUNE``. ``concurrency`` (default
+    ``CONCURRENCY``) runs up to that many rows of each lane at once, each on its own
+    connection; ``lane_concurrency`` sets it per lane. Raises ``RelayHalted`` on an error
+    that waiting cannot fix, ``ImproperlyConfigured`` or ``ValueError`` before starting.
     """
     lanes = check_relay_options(lane, batch_size, lane_batch_sizes)
-    check_configuration(lanes)
+    slots = lane_slots(lanes, concurrency, lane_concurrency)
     alias = database_alias()
+    if connections[alias].vendor == "sqlite" and any(n > 1 for n in slots.values()):
+        raise ValueError(
+            "SQLite has a single writer, so a relay on it runs one delivery at a time; drop "
+            "the concurrency, or move to PostgreSQL or MariaDB to run several at once."
+        )
+    check_configuration(lanes)
     signals = _Signals()
     with _one_relay_on_sqlite(alias):
         on_main_thread = signals.install()
@@ -411,9 +536,11 @@ def run_relay(
 
         state = _Pass(worker_id or relay_worker_id(), None, False, relay=True, stop=stopping)
         opened = connections[alias].connection is None  # else it is the caller's: left open
-        _log_start(state.worker_id, lanes, alias, on_main_thread)
+        _log_start(state.worker_id, lanes, slots, alias, on_main_thread)
         try:
-            _loop(state, lanes, passes, batch_size, lane_batch_sizes or {}, limit, prune, once)
+            _loop(
+                state, lanes, slots, passes, batch_size, lane_batch_sizes or {}, limit, prune, once
+            )
         finally:
             if on_main_thread:
                 signals.restore()
@@ -427,7 +554,30 @@ def run_relay(
         return state.counts
 
 
-def _log_start(worker_id: str, lanes: Sequence[str], alias: str, main: bool) -> None:
+def lane_slots(
+    lanes: Sequence[str], concurrency: int | None, lane_concurrency: Mapping[str, int] | None
+) -> dict[str, int]:
+    """How many rows of each lane a relay runs at once; refuses what cannot be."""
+    default = concurrency if concurrency is not None else conf.get().CONCURRENCY
+    chosen = [("the concurrency", default)]
+    chosen += [(f"the concurrency of lane {k!r}", n) for k, n in (lane_concurrency or {}).items()]
+    for what, n in chosen:
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CONCURRENCY:
+            raise ValueError(
+                f"{what} must be a whole number from 1 to {MAX_CONCURRENCY}, not {n!r}."
+            )
+    for lane in lane_concurrency or {}:
+        if lane not in lanes:
+            raise ValueError(
+                f"lane {lane!r} has a concurrency but this relay does not serve it; serve "
+                f"lane {lane!r} too, or drop its concurrency."
+            )
+    return {lane: (lane_concurrency or {}).get(lane, default) for lane in lanes}
+
+
+def _log_start(
+    worker_id: str, lanes: Sequence[str], slots: Mapping[str, int], alias: str, main: bool
+) -> None:
     settings = conf.get()
     if wakes_by_notify(alias):
         wake = "woken by LISTEN/NOTIFY"
@@ -440,7 +590,7 @@ def _log_start(worker_id: str, lanes: Sequence[str], alias: str, main: bool) -> 
     logger.info(
         "Relay %s started: lanes %s, %s, every %ss at the latest%s.",
         worker_id,
-        ", ".join(lanes),
+        ", ".join(lane if slots[lane] == 1 else f"{lane} (x{slots[lane]})" for lane in lanes),
         wake,
         settings.POLL_SECONDS,
         "" if main else "; off the main thread, so signals are not handled here",
@@ -491,6 +641,7 @@ def _one_relay_on_sqlite(alias: str) -> Iterator[None]:
 def _loop(
     state: _Pass,
     lanes: list[str],
+    slots: Mapping[str, int],
     passes: int | None,
     batch_size: int | None,
     lane_batch_sizes: Mapping[str, int],
@@ -503,6 +654,7 @@ def _loop(
     listener = Listener(alias) if wakes_by_notify(alias) else None
     if listener is not None:
         listener.listen()  # before the first claim: nothing fired after it is missed
+    pools = _Pools(lanes, slots) if any(n > 1 for n in slots.values()) else None
     outage_pause = min(settings.POLL_SECONDS, 2.0)
     last_prune = last_activity = last_compact = float("-inf")
     done = 0
@@ -512,15 +664,11 @@ def _loop(
                 break
             try:
                 _hand_back(state)
-                claimed = 0
-                for name in lanes:
-                    if state.stop():
-                        break
-                    room = None if limit is None else limit - state.claimed
-                    if room == 0:
-                        break
-                    size = _batch_size(name, batch_size, lane_batch_sizes)
-                    claimed += run_lane_batch(state, name, size, room)
+                if pools is not None:
+                    pools.wake.clear()
+                    claimed = pools.fill(state, batch_size, lane_batch_sizes, limit)
+                else:
+                    claimed = _pass(state, lanes, batch_size, lane_batch_sizes, limit)
                 outage_pause = min(settings.POLL_SECONDS, 2.0)
             except Exception as error:
                 if not is_outage(error, alias):
@@ -539,11 +687,16 @@ def _loop(
             if time.monotonic() - last_compact >= TALLY_COMPACT_SECONDS:
                 last_compact = time.monotonic()
                 _compact_tally(alias)
-            if once and not claimed:
+            busy = pools is not None and pools.busy()
+            if once and not claimed and not busy:
                 break
             if claimed:
                 last_activity = time.monotonic()
             if claimed or state.stop() or (passes is not None and done >= passes):
+                continue
+            if pools is not None and busy:
+                # Rows are running: claim again as soon as one of them frees its slot.
+                pools.wake.wait(min(settings.POLL_SECONDS, 0.05))
                 continue
             # Senders hold back NOTIFYs for NOTIFY_COALESCE_SECONDS after each one, so
             # right after activity the relay looks often instead of waiting to be woken.
@@ -561,8 +714,32 @@ def _loop(
             if _wait(listener, settings.POLL_SECONDS, state):
                 last_activity = time.monotonic()
     finally:
+        if pools is not None:
+            pools.close(state)  # finish the rows being run, hand back the rest
+            with contextlib.suppress(Exception):
+                _hand_back(state)
         if listener is not None:
             listener.close()
+
+
+def _pass(
+    state: _Pass,
+    lanes: Sequence[str],
+    batch_size: int | None,
+    lane_batch_sizes: Mapping[str, int],
+    limit: int | None,
+) -> int:
+    """One batch per lane, each run in turn; returns the rows claimed."""
+    claimed = 0
+    for name in lanes:
+        if state.stop():
+            break
+        room = None if limit is None else limit - state.claimed
+        if room == 0:
+            break
+        size = _batch_size(name, batch_size, lane_batch_sizes)
+        claimed += run_lane_batch(state, name, size, room)
+    return claimed
 
 
 def _hand_back(state: _Pass) -> None:

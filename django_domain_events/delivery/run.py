@@ -208,14 +208,19 @@ def attempt(
         return _settle_unrun(alias, claim, DeliveryStatus.DEAD, reason, receiver)
     ctx = context_for(claim, scope)
     hook = around_delivery(ctx)  # an unimportable hook escapes here, before anything ran
+    failure: BaseException | None = None  # what the receiver (or the hook) raised
     try:
         with transaction.atomic(using=alias):
-            with (
-                kept_alive(alias, claim, lease),
-                hook,
-                caused_by(claim.event_id, claim.correlation_id),
-            ):
-                call_receiver(receiver, evt, ctx)
+            try:
+                with (
+                    kept_alive(alias, claim, lease),
+                    hook,
+                    caused_by(claim.event_id, claim.correlation_id),
+                ):
+                    call_receiver(receiver, evt, ctx)
+            except (Exception, SystemExit) as error:  # a receiver calling sys.exit() too
+                failure = error
+                raise
             done = clock.now()
             acknowledged = _update_claimed(
                 alias,
@@ -234,10 +239,12 @@ def attempt(
     except _LeaseLost:
         _warn_lease_lost(claim, ran=True)
         return None, None
-    except (Exception, SystemExit) as error:  # a receiver calling sys.exit() fails too
-        if connection_lost(error, alias):
-            raise  # an outage, not the receiver's failure: the relay hands the row back
-        return record_failure(claim, receiver, error, now=now)
+    except (Exception, SystemExit) as error:
+        if failure is None or connection_lost(error, alias):
+            # The acknowledgement itself failed, or the database went away under the
+            # receiver: not the receiver's failure, and nothing is charged for it.
+            raise
+        return record_failure(claim, receiver, failure, now=now)
     return DeliveryStatus.SUCCEEDED, None
 
 

@@ -8,19 +8,29 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...delivery.relay import DeliveryStatus, RelayHalted, check_relay_options, run_relay
+from ...delivery.relay import (
+    DeliveryStatus,
+    RelayHalted,
+    check_relay_options,
+    lane_slots,
+    run_relay,
+)
 
 # -v 2 shows the relay's INFO lines (start, stop, hand-backs), -v 3 its DEBUG lines too.
 _LOG_LEVELS = {2: logging.INFO, 3: logging.DEBUG}
 
 
-def _lane_size(value: str) -> tuple[str, int]:
-    lane, sep, size = value.partition("=")
-    if not sep or not lane or not size.strip().lstrip("-").isdigit():
-        raise CommandError(
-            f"--lane-batch-size takes LANE=N, for example --lane-batch-size mail=10; got {value!r}."
-        )
-    return lane, int(size)
+def _lane_numbers(values: list[str], flag: str) -> dict[str, int]:
+    """``LANE=N`` arguments of ``flag`` as a dict; a lane given twice is refused."""
+    found: dict[str, int] = {}
+    for value in values:
+        lane, sep, size = value.partition("=")
+        if not sep or not lane or not size.strip().lstrip("-").isdigit():
+            raise CommandError(f"{flag} takes LANE=N, for example {flag} mail=10; got {value!r}.")
+        if lane in found:
+            raise CommandError(f"{flag} gives lane {lane!r} twice; give it once.")
+        found[lane] = int(size)
+    return found
 
 
 class Command(BaseCommand):
@@ -46,6 +56,18 @@ class Command(BaseCommand):
             dest="lane_batch_sizes",
             help="LANE=N: this lane's batch size (repeatable).",
         )
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            help="Run up to N deliveries of each lane at once (default CONCURRENCY, 1).",
+        )
+        parser.add_argument(
+            "--lane-concurrency",
+            action="append",
+            default=[],
+            dest="lane_concurrency",
+            help="LANE=N: this lane's concurrency (repeatable).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         lanes: list[str] = options["lanes"] or ["default"]
@@ -60,14 +82,11 @@ class Command(BaseCommand):
             raise CommandError(
                 "--once runs until nothing is owed and --passes counts passes; give one of them."
             )
-        sizes: dict[str, int] = {}
-        for value in options["lane_batch_sizes"]:
-            lane, size = _lane_size(value)
-            if lane in sizes:
-                raise CommandError(f"--lane-batch-size gives lane {lane!r} twice; give it once.")
-            sizes[lane] = size
+        sizes = _lane_numbers(options["lane_batch_sizes"], "--lane-batch-size")
+        concurrency = _lane_numbers(options["lane_concurrency"], "--lane-concurrency")
         try:
-            check_relay_options(lanes, options["batch_size"], sizes)
+            served = check_relay_options(lanes, options["batch_size"], sizes)
+            lane_slots(served, options["concurrency"], concurrency)
         except ValueError as error:
             raise CommandError(str(error)) from error
         level = _LOG_LEVELS.get(options["verbosity"])
@@ -82,8 +101,10 @@ class Command(BaseCommand):
                 batch_size=options["batch_size"],
                 lane_batch_sizes=sizes,
                 limit=limit,
+                concurrency=options["concurrency"],
+                lane_concurrency=concurrency,
             )
-        except (RelayHalted, ImproperlyConfigured) as error:
+        except (RelayHalted, ImproperlyConfigured, ValueError) as error:
             raise CommandError(str(error)) from error
         done = ", ".join(f"{counts[s]} {s.value}" for s in DeliveryStatus if counts[s])
         self.stdout.write(f"Delivered: {done or 'nothing owed'}.")
