@@ -11,9 +11,12 @@ processes it starts (``manage.py deliver_events``, sections 5-7).
 
 from __future__ import annotations
 
+import asyncio
+import os
+import time
 from dataclasses import dataclass
 
-from django_domain_events import event, receiver
+from django_domain_events import DeliveryContext, event, receiver
 
 RELAY_NOOP_KEY = "bench.relay_noop"
 BULKY_KEY = "bench.bulky"
@@ -47,3 +50,33 @@ class Bulky:
 @receiver(Bulky, key=BULKY_KEY, lane="bulky")
 def bulky_noop(evt: Bulky) -> None:
     """Does nothing with the payload it was given: the relay's memory is what is measured."""
+
+
+@event
+@dataclass(frozen=True)
+class Slow:
+    """Section 9: a receiver that waits 50 ms on the network, as a webhook would."""
+
+    n: int
+
+
+def _log_run(delivery_id: int | None) -> None:
+    """Append the delivery id to DDE_BENCH_RUN_LOG: every run, counted outside the database."""
+    path = os.environ.get("DDE_BENCH_RUN_LOG")
+    if path:
+        with open(path, "a") as log:
+            log.write(f"{delivery_id}\n")
+
+
+@receiver(Slow, key="bench.slow", lane="slow", takes_context=True)
+def slow_sync(evt: Slow, ctx: DeliveryContext) -> None:
+    """Waits 50 ms with ``time.sleep``, which releases the GIL like a socket read."""
+    time.sleep(0.05)
+    _log_run(ctx.delivery_id)
+
+
+@receiver(Slow, key="bench.slow_async", lane="slow_async", takes_context=True)
+async def slow_async(evt: Slow, ctx: DeliveryContext) -> None:
+    """Awaits 50 ms, as an ``async def`` receiver calling an HTTP API would."""
+    await asyncio.sleep(0.05)
+    _log_run(ctx.delivery_id)

@@ -41,7 +41,9 @@ def main(argv: list[str]) -> None:
             time.sleep(0.002)
     # The CPU this process spends in the relay alone, without its start-up: run.py reads it.
     print(f"relay cpu-start {time.process_time():.6f}", flush=True)
+    began = time.perf_counter()
     call_command("deliver_events", *argv)
+    print(f"relay wall {time.perf_counter() - began:.6f}", flush=True)
     print(f"relay cpu-end {time.process_time():.6f}", flush=True)
     # Peak resident memory of this process, in KiB on Linux: run.py's section 8 reads it.
     print(f"relay maxrss-kib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", flush=True)

@@ -3,7 +3,7 @@
     .venv/bin/python bench/run.py            full run (about four minutes)
     .venv/bin/python bench/run.py --quick    a tenth of the sizes: a smoke run
     .venv/bin/python bench/run.py --profile  also cProfile a 2,000-row drain
-    .venv/bin/python bench/run.py --only fire|delivery|breakdown|relay|claim|scheduled|memory
+    .venv/bin/python bench/run.py --only fire|delivery|...|memory|concurrency
 
 Targets are reported (PASS/MISS), not asserted: the exit status is 0 unless something
 failed (no database, a drain that did not deliver every row, ...).
@@ -30,6 +30,8 @@ TARGET_SCALING = 1.5  # two deliver_events processes over one, deliveries/s
 TARGET_CLAIM_RATIO = 1.1  # claim_batch() latency, large table over empty
 TARGET_HEALTH_RATIO = 2.0  # outbox_health() latency, large table over empty
 TARGET_PEAK_MIB = 300.0  # a --once relay over section 8's large payloads, peak RSS
+TARGET_CONCURRENCY_16 = 12.0  # 50 ms receivers: --concurrency 16 over --concurrency 1
+TARGET_CONCURRENCY_2X16 = 20.0  # two relays with --concurrency 16 over one with 1
 
 FULL_SIZES = {
     # 11,000 events in all: at ~3-6 ms a commit on this machine, 20,000 would not fit the
@@ -51,9 +53,18 @@ FULL_SIZES = {
     "reps": 30,  # timed claim_batch() / outbox_health() calls per table state
     "bulky_events": 40,  # section 8: events of ...
     "bulky_mib": 10,  # ... this many MiB of payload each
+    "slow_rows": 100,  # section 9: rows of a 50 ms receiver for --concurrency 1 ...
+    "slow_rows_wide": 1_600,  # ... and for the concurrent relays
 }
 # --quick divides every size by ten, but never below these.
-QUICK_FLOOR = {"relay_unpaced": 4, "relay_rounds": 2, "reps": 10, "bulky_mib": 10}
+QUICK_FLOOR = {
+    "relay_unpaced": 4,
+    "relay_rounds": 2,
+    "reps": 10,
+    "bulky_mib": 10,
+    "slow_rows": 40,
+    "slow_rows_wide": 320,
+}
 
 
 def _admin_connection() -> Any:
@@ -471,15 +482,110 @@ def section_memory(sizes: dict[str, int], summary: Summary, note: str) -> None:
     summary.append((f"relay peak RSS, {count} x {mib} MiB", f"{peak:.0f} MiB", "< 300", verdict))
 
 
+def _timed_relays(lane: str, rows: int, relays: int, concurrency: int) -> float:
+    """Deliveries/s of ``relays`` relay processes ``--once --concurrency N`` over ``rows``
+    rows of a 50 ms receiver, start-up excluded; checks every row ran exactly once."""
+    import subprocess
+    import tempfile
+
+    from django.db import transaction
+
+    from bench.events import Slow
+    from bench.measure import reset_tables
+    from django_domain_events import DeliveryStatus, fire
+    from django_domain_events.models import DeliveryRecord
+
+    reset_tables()
+    with transaction.atomic():
+        for n in range(rows):
+            fire(Slow(n=n))
+    child = Path(__file__).resolve().parent / "relay_child.py"
+    with tempfile.TemporaryDirectory(prefix="dde-bench-") as tmp:
+        log, go = Path(tmp) / "runs", Path(tmp) / "go"
+        env = {**os.environ, "DDE_BENCH_RUN_LOG": str(log), "DDE_BENCH_GO_FILE": str(go)}
+        args = ["--once", "--lane", lane, "--concurrency", str(concurrency)]
+        processes = []
+        for index in range(relays):
+            ready = Path(tmp) / f"ready-{index}"
+            env_one = {**env, "DDE_BENCH_READY_FILE": str(ready)}
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, str(child), *args],
+                    env=env_one,
+                    text=True,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+            )
+            while not ready.exists():
+                time.sleep(0.01)
+        go.touch()
+        outputs = [process.communicate(timeout=600) for process in processes]
+        runs = log.read_text().split()
+    for process, (out, err) in zip(processes, outputs, strict=True):
+        if process.returncode != 0:
+            raise RuntimeError(f"relay failed: {out}{err}")
+    wall = max(float(out.split("relay wall ")[1].split()[0]) for out, _ in outputs)
+    owed = DeliveryRecord.objects.filter(receiver_key__startswith="bench.slow")
+    ids = {str(pk) for pk in owed.filter(receiver_key=f"bench.{lane}").values_list("id", flat=True)}
+    if len(runs) != rows or set(runs) != ids:
+        raise RuntimeError(f"{lane}: {len(runs)} runs of {rows} rows, {len(set(runs))} distinct")
+    if owed.filter(receiver_key=f"bench.{lane}", status=DeliveryStatus.SUCCEEDED).count() != rows:
+        raise RuntimeError(f"{lane}: not every row succeeded")
+    reset_tables()
+    return rows / wall
+
+
+def section_concurrency(sizes: dict[str, int], summary: Summary, note: str) -> None:
+    """A receiver that waits 50 ms: what --concurrency buys one relay, and two."""
+    narrow, wide = sizes["slow_rows"], sizes["slow_rows_wide"]
+    print(
+        f"== 9. concurrency: 50 ms receivers (time.sleep, and an async def awaiting "
+        f"asyncio.sleep), deliver_events --once; {narrow} rows at concurrency 1, {wide} at "
+        f"16 and 2 x 16; every row checked to have run exactly once (a run log){note}"
+    )
+    one = _timed_relays("slow", narrow, 1, 1)
+    sixteen = _timed_relays("slow", wide, 1, 16)
+    two = _timed_relays("slow", wide, 2, 16)
+    async_one = _timed_relays("slow_async", narrow, 1, 1)
+    async_sixteen = _timed_relays("slow_async", wide, 1, 16)
+    for label, value in [
+        ("sync, concurrency 1", one),
+        ("sync, concurrency 16", sixteen),
+        ("sync, 2 relays x concurrency 16", two),
+        ("async, concurrency 1", async_one),
+        ("async, concurrency 16", async_sixteen),
+    ]:
+        figure(label, value, "deliveries/s", ",.1f")
+    checks = [
+        ("sync 16 / 1", sixteen / one, TARGET_CONCURRENCY_16),
+        ("sync 2 x 16 / 1", two / one, TARGET_CONCURRENCY_2X16),
+        ("async 16 / 1", async_sixteen / async_one, TARGET_CONCURRENCY_16),
+    ]
+    for label, ratio, target in checks:
+        verdict = verdict_of(ratio >= target)
+        figure(f"ratio {label}", ratio, f"target >= {target:.0f}: {verdict}", ".1f")
+        summary.append((f"concurrency: {label}", f"{ratio:.1f}x", f">= {target:.0f}", verdict))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the sizes")
     parser.add_argument("--profile", action="store_true", help="cProfile a drain as well")
     parser.add_argument(
         "--only",
-        choices=["fire", "delivery", "breakdown", "relay", "claim", "scheduled", "memory"],
+        choices=[
+            "fire",
+            "delivery",
+            "breakdown",
+            "relay",
+            "claim",
+            "scheduled",
+            "memory",
+            "concurrency",
+        ],
         help="run one part: fire (1.), delivery (2. and 3.), breakdown (4.), relay (5.), "
-        "claim (6.), scheduled (7.) or memory (8.)",
+        "claim (6.), scheduled (7.), memory (8.) or concurrency (9.)",
     )
     args = parser.parse_args(argv)
     scale = 10 if args.quick else 1
@@ -515,8 +621,10 @@ def main(argv: list[str] | None = None) -> int:
         section_scheduled(measure_outbox, sizes, summary, note)
     if args.only in (None, "memory"):
         section_memory(sizes, summary, note)
+    if args.only in (None, "concurrency"):
+        section_concurrency(sizes, summary, note)
     if args.profile:
-        print(f"== 9. cProfile of deliver_pending() over {sizes['profile']:,} rows")
+        print(f"== 10. cProfile of deliver_pending() over {sizes['profile']:,} rows")
         print(measure.profile_ours(sizes["profile"]))
     elif verdict == "MISS":
         print("(ratio below target: run with --profile for the hot spots)")
