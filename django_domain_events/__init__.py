@@ -36,8 +36,8 @@ _EXPORTS: dict[str, str] = {
     "Scope": "scope",
     # Delivery
     "run_relay": "delivery.relay",
-    "deliver_one": "delivery.relay",
-    "deliver_pending": "delivery.relay",
+    "deliver_one": "delivery.passes",
+    "deliver_pending": "delivery.passes",
     "claim_batch": "delivery.claim",
     "backoff": "retry",
     "notify_relay": "delivery.wake",
@@ -129,7 +129,8 @@ if TYPE_CHECKING:
         PermanentFailure,
         RetryAfter,
     )
-    from .delivery.relay import deliver_one, deliver_pending, run_relay
+    from .delivery.passes import deliver_one, deliver_pending
+    from .delivery.relay import run_relay
     from .delivery.tasks import TaskBackend
     from .delivery.wake import notify_relay
     from .firing import fire

@@ -30,7 +30,7 @@ from .declare import (
     registry,
 )
 from .delivery.outcomes import DeliveryContext, receiver_lifetime_end
-from .delivery.relay import default_worker_id, deliver_one
+from .delivery.passes import default_worker_id, deliver_one
 from .delivery.run import call_receiver, refuse_awaitable
 from .delivery.wake import wake_after_commit
 from .models import DeliveryRecord, DeliveryStatus, EventRecord, database_alias

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from . import clock
 from .declare import registry
-from .delivery.relay import Counts, deliver_pending
+from .delivery.passes import Counts, deliver_pending
 from .models import EventRecord
 
 T = TypeVar("T")

@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "django_domain_events.contrib.celery needs Celery: pip install django-domain-events[celery]"
     ) from exc
 
-from ..delivery.relay import deliver_one
+from ..delivery.passes import deliver_one
 
 TASK_NAME = "django_domain_events.deliver_delivery"
 

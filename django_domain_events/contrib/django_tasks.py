@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from ..delivery.relay import deliver_one
+from ..delivery.passes import deliver_one
 
 
 def _tasks_module() -> ModuleType:

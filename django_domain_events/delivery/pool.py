@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from django.db import connections
 
-from ..models import DeliveryStatus
-from .claim import Claim
-from .outcomes import Outcome
-
-# What running one claim answers: its status and outcome, or None when it was handed to
-# the task queue.
-Result = tuple[DeliveryStatus | None, Outcome | None] | None
+from .. import clock
+from .claim import Claim, claim_batch, release
+from .lease import lane_lease
+from .passes import Pass, Result, batch_size_of, run_one
 
 
 @dataclass(frozen=True)
@@ -109,3 +106,104 @@ class LaneWorkers:
                 self._wake.set()
         finally:
             connections.close_all()
+
+
+class Pools:
+    """The worker threads of a relay that runs several deliveries at once, per lane.
+
+    The main thread claims as many rows as a lane has free slots and counts what the
+    workers report; the workers only run rows.
+    """
+
+    def __init__(self, lanes: Sequence[str], sizes: Mapping[str, int]) -> None:
+        self.done: queue.Queue[Done] = queue.Queue()
+        self.wake = threading.Event()  # set when a worker finishes a row
+        self.lanes = {
+            lane: LaneWorkers(lane, sizes[lane], self._run, self.done, self.wake) for lane in lanes
+        }
+
+    @staticmethod
+    def _run(claim: Claim) -> Result:
+        return run_one(claim, clock.now())
+
+    def busy(self) -> bool:
+        return any(workers.busy for workers in self.lanes.values())
+
+    def fill(
+        self,
+        state: Pass,
+        batch_size: int | None,
+        lane_batch_sizes: Mapping[str, int],
+        limit: int | None,
+    ) -> int:
+        """Count what finished, then claim for every free slot; returns rows claimed."""
+        self.collect(state)
+        claimed = 0
+        for lane, workers in self.lanes.items():
+            room = workers.free()
+            if limit is not None:
+                room = min(room, limit - state.claimed)
+            if state.stop() or room <= 0 or state.lane_paused(lane):
+                continue
+            claims = claim_batch(
+                worker_id=state.worker_id,
+                now=clock.now(),
+                lease=lane_lease(lane),
+                limit=min(room, batch_size_of(lane, batch_size, lane_batch_sizes)),
+                lane=lane,
+            )
+            state.claimed += len(claims)
+            claimed += len(claims)
+            workers.submit(claims)
+        return claimed
+
+    def collect(self, state: Pass) -> None:
+        """Count the rows the workers finished; raise what escaped one, once the others
+        are done, leaving every row not settled in ``state.in_hand`` to hand back."""
+        errors: list[BaseException] = []
+        for done in self._finished():
+            if done.error is not None:
+                errors.append(done.error)
+                state.in_hand.append(done.claim)
+            elif done.result is not None and (pause := state.note(done.claim, *done.result)):
+                state.pause(done.lane, pause)
+                give_back(state, self.lanes[done.lane].take_back())
+        if errors:
+            self.drain(state)
+            raise errors[0]
+
+    def drain(self, state: Pass) -> None:
+        """Hand back the rows no worker started, and wait for the rows being run."""
+        for workers in self.lanes.values():
+            give_back(state, workers.take_back())
+        while self.busy():
+            self.wake.wait(0.1)
+            self.wake.clear()
+        for done in self._finished():
+            if done.error is not None:
+                state.in_hand.append(done.claim)
+            elif done.result is not None:
+                state.note(done.claim, *done.result)
+
+    def close(self, state: Pass) -> None:
+        """Finish the rows being run, hand back the rest, and end the threads."""
+        self.drain(state)
+        for workers in self.lanes.values():
+            workers.close()
+
+    def _finished(self) -> list[Done]:
+        found = []
+        while True:
+            try:
+                found.append(self.done.get_nowait())
+            except queue.Empty:
+                return found
+
+
+def give_back(state: Pass, claims: list[Claim]) -> None:
+    """Hand back claims no worker started; while the database is away, keep them in
+    ``state.in_hand`` for the relay to hand back once it is back."""
+    try:
+        release(claims)
+    except Exception:
+        state.in_hand.extend(claims)

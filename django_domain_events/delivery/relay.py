@@ -1,8 +1,7 @@
-"""Passes over the owed rows: ``deliver_one``, ``deliver_pending`` and the relay loop.
+"""The relay: ``run_relay``, the loop behind ``manage.py deliver_events``.
 
-A pass visits each lane in sorted order, claims one batch there just before running
-it, and runs the batch row by row (``run.attempt``). ``run_relay`` repeats passes,
-waiting between them on LISTEN/NOTIFY or the poll, for as long as it is let.
+It repeats passes (``passes.run_pass``, or ``pool.Pools`` with concurrency), waiting
+between them on LISTEN/NOTIFY or the poll, for as long as it is let.
 
 The relay rides out an outage (``outage.is_outage``): it waits, reconnects and hands
 back the rows it held. Any other error, and a configuration that cannot be loaded,
@@ -15,44 +14,40 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
 import secrets
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 
-from .. import clock, conf, tally
+from .. import conf, tally
 from ..codec import get_codec
 from ..declare import registry
 from ..models import DeliveryStatus, LanePauseRecord
 from ..retention import prune_events
-from .claim import Claim, claim_batch, database_alias, release, take_over
-from .lease import lane_lease
+from .claim import database_alias, release
 from .outage import is_outage
-from .outcomes import Outcome
-from .pool import Done, LaneWorkers, Result
-from .run import around_hook, attempt, expire_overdue, record_failure
-from .run import logger as delivery_logger
-from .tasks import get_backend, hand_off
+from .passes import (
+    Counts,
+    Pass,
+    check_sizes,
+    default_worker_id,
+    run_pass,
+)
+from .pool import Pools
+from .run import around_hook, expire_overdue
+from .tasks import get_backend
 from .wake import Listener, wakes_by_notify
 
 logger = logging.getLogger("django_domain_events.relay")
 
 TALLY_COMPACT_SECONDS = 60.0  # how often a relay folds the scheduled tally's deltas
-
-MAX_BATCH_SIZE = 10_000  # rows one claim may take; larger batches only hold leases longer
 MAX_CONCURRENCY = 256  # rows one relay runs at once per lane, each on its own connection
-
-Counts = dict[DeliveryStatus, int]
 
 
 class RelayHalted(RuntimeError):
@@ -63,356 +58,9 @@ class RelayHalted(RuntimeError):
     """
 
 
-def default_worker_id() -> str:
-    """``host:pid``, unique among the processes of a deployment."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 def relay_worker_id() -> str:
     """``host:pid:token``: unique among relays, even two in one process."""
     return f"{default_worker_id()}:{secrets.token_hex(3)}"
-
-
-def empty_counts() -> Counts:
-    return {status: 0 for status in DeliveryStatus}
-
-
-def _parse_claimed_at(value: datetime | str) -> datetime:
-    if isinstance(value, datetime):
-        return value
-    try:
-        return datetime.fromisoformat(value)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"claimed_at must be the ISO 8601 string the relay enqueued, not {value!r}."
-        ) from None
-
-
-def deliver_one(
-    delivery_id: int,
-    *,
-    worker_id: str | None = None,
-    claimed_by: str | None = None,
-    claimed_at: datetime | str | None = None,
-) -> DeliveryStatus | None:
-    """Run one owed row now; None for a row that is not owed or not yet due.
-
-    With ``claimed_by`` and ``claimed_at`` (a task worker), the row is first taken under
-    exactly that claim; a duplicate or stale message runs nothing. Returns ``PENDING``
-    when the receiver answered ``NotYet``.
-    """
-    if (claimed_by is None) != (claimed_at is None):
-        raise TypeError("deliver_one() takes claimed_by and claimed_at together, or neither.")
-    worker = worker_id or default_worker_id()
-    now = clock.now()
-    if claimed_by is not None and claimed_at is not None:
-        claim = take_over(
-            delivery_id,
-            claimed_by=claimed_by,
-            claimed_at=_parse_claimed_at(claimed_at),
-            worker_id=worker,
-            now=now,
-            lease=lane_lease(None),
-        )
-        if claim is None:
-            delivery_logger.info(
-                "Delivery %s: the claim %s at %s no longer holds the row (a duplicate, late "
-                "or stale message); nothing run.",
-                delivery_id,
-                claimed_by,
-                claimed_at,
-            )
-            return None
-    else:
-        claims = claim_batch(
-            worker_id=worker, now=now, lease=lane_lease(None), limit=1, ids=[delivery_id]
-        )
-        if not claims:
-            return None
-        claim = claims[0]
-    status, _ = attempt(claim, now=now)
-    return status
-
-
-@dataclass
-class _Pass:
-    """What one call of ``deliver_pending``, or one relay, keeps between batches.
-
-    A lane set aside by ``RetryAfter(counts=False)`` stays aside for the rest of a
-    ``deliver_pending`` call; a relay pauses it for the time asked, recorded in
-    ``LanePauseRecord`` for operators.
-    """
-
-    worker_id: str
-    now: datetime | None
-    ignore_backoff: bool
-    relay: bool = False
-    counts: Counts = field(default_factory=empty_counts)
-    excluded: set[int] = field(default_factory=set)
-    paused_until: dict[str, float] = field(default_factory=dict)  # lane -> monotonic
-    stop: Callable[[], bool] = lambda: False
-    claimed: int = 0
-    in_hand: list[Claim] = field(default_factory=list)  # the batch being run
-
-    def note(self, claim: Claim, status: DeliveryStatus | None, outcome: Outcome | None) -> float:
-        """Count what one attempt recorded; returns the seconds its lane should pause."""
-        if status is not None:
-            self.counts[status] += 1
-        if status is DeliveryStatus.PENDING and self.now is not None:
-            self.excluded.add(claim.id)
-        if status is DeliveryStatus.FAILED and self.ignore_backoff and claim.max_attempts is None:
-            # Unbounded attempts end by lifetime, not count: once per call, or it would spin.
-            self.excluded.add(claim.id)
-        return outcome.pause_seconds if outcome is not None else 0.0
-
-    def pause(self, lane: str, seconds: float) -> None:
-        self.paused_until[lane] = time.monotonic() + seconds
-        if self.relay:
-            record_pause(lane, self.worker_id, seconds)
-
-    def lane_paused(self, lane: str) -> bool:
-        until = self.paused_until.get(lane)
-        if until is None:
-            return False
-        if self.relay and time.monotonic() >= until:
-            del self.paused_until[lane]
-            end_pause(lane, self.worker_id)
-            return False
-        return True
-
-
-def record_pause(lane: str, worker_id: str, seconds: float) -> None:
-    """Show the pause to operators; clears pauses whose relay never came back to end them."""
-    now = clock.now()
-    alias = database_alias()
-    pauses = LanePauseRecord.objects.using(alias)
-    pauses.filter(until__lt=now).delete()
-    pauses.update_or_create(
-        lane=lane,
-        worker_id=worker_id,
-        defaults={"paused_at": now, "until": now + timedelta(seconds=seconds)},
-    )
-
-
-def end_pause(lane: str, worker_id: str) -> None:
-    LanePauseRecord.objects.using(database_alias()).filter(lane=lane, worker_id=worker_id).delete()
-
-
-def _batch_size(lane: str, batch_size: int | None, lane_batch_sizes: Mapping[str, int]) -> int:
-    return lane_batch_sizes.get(lane) or batch_size or conf.get().BATCH_SIZE
-
-
-def check_sizes(batch_size: int | None, lane_batch_sizes: Mapping[str, int] | None) -> None:
-    """Refuse a batch size that is not a whole number from 1 to ``MAX_BATCH_SIZE``."""
-    sizes = [("the batch size", batch_size)]
-    sizes += [
-        (f"the batch size of lane {lane!r}", size)
-        for lane, size in (lane_batch_sizes or {}).items()
-    ]
-    for what, size in sizes:
-        if size is not None and (
-            isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH_SIZE
-        ):
-            raise ValueError(
-                f"{what} must be a whole number from 1 to {MAX_BATCH_SIZE}, not {size!r}."
-            )
-
-
-def deliver_pending(
-    limit: int | None = None,
-    *,
-    worker_id: str = "deliver_pending",
-    ignore_backoff: bool = False,
-    lane: str | None = None,
-    batch_size: int | None = None,
-    lane_batch_sizes: Mapping[str, int] | None = None,
-    now: datetime | None = None,
-) -> Counts:
-    """Claim and deliver until nothing is claimable (or ``limit`` rows), every lane in turn.
-
-    ``now`` is the moment every claim of the call is made at; receivers still run on the
-    real clock. Returns the count of each outcome recorded; a task hand-off is not counted.
-    """
-    check_sizes(batch_size, lane_batch_sizes)
-    if limit is not None and limit < 0:
-        raise ValueError(f"deliver_pending(limit=) must be >= 0 or None, not {limit!r}.")
-    state = _Pass(worker_id, clock.normalize(now) if now is not None else None, ignore_backoff)
-    lanes = [lane] if lane is not None else list(registry.lanes())
-    while limit is None or state.claimed < limit:
-        before = state.claimed
-        for name in lanes:
-            room = None if limit is None else limit - state.claimed
-            if room == 0:
-                break
-            run_lane_batch(state, name, _batch_size(name, batch_size, lane_batch_sizes or {}), room)
-        if state.claimed == before:
-            break
-    return state.counts
-
-
-def run_lane_batch(state: _Pass, lane: str, size: int, room: int | None = None) -> int:
-    """Claim one batch in ``lane`` and run it; returns how many rows were claimed."""
-    if state.lane_paused(lane):
-        return 0
-    now = state.now if state.now is not None else clock.now()
-    claims = claim_batch(
-        worker_id=state.worker_id,
-        now=now,
-        lease=lane_lease(lane),
-        limit=size if room is None else min(size, room),
-        lane=lane,
-        exclude_ids=state.excluded,
-        ignore_backoff=state.ignore_backoff,
-    )
-    state.claimed += len(claims)
-    state.in_hand = claims  # kept if the batch fails, for the relay to hand back
-    run_batch(state, lane, claims, now)
-    state.in_hand = []
-    return len(claims)
-
-
-def run_batch(state: _Pass, lane: str, claims: Sequence[Claim], now: datetime) -> None:
-    """Run a claimed batch in order; hand back the unstarted rest on a pause or a stop,
-    and every row not yet settled when something escapes (nothing is charged for it)."""
-    try:
-        _run_claims(state, lane, claims, now)
-    except BaseException:
-        with contextlib.suppress(Exception):  # in an outage the relay hands back later
-            release(claims)  # a compare-and-set: the rows already settled are left alone
-        raise
-
-
-def _run_claims(state: _Pass, lane: str, claims: Sequence[Claim], now: datetime) -> None:
-    decoded: dict[int, Any] = {}
-    for index, claim in enumerate(claims):
-        if state.stop():
-            release(claims[index:])
-            return
-        result = run_one(claim, now, decoded)
-        if result is None:  # handed to the task queue
-            if state.now is not None:
-                state.excluded.add(claim.id)
-            continue
-        pause = state.note(claim, *result)
-        if pause:
-            state.pause(lane, pause)
-            release(claims[index + 1 :])
-            return
-
-
-def run_one(claim: Claim, now: datetime, decoded: dict[int, Any] | None = None) -> Result:
-    """Run one claimed row, or hand it to the task queue (None)."""
-    receiver = registry.receiver(claim.receiver_key)
-    if receiver is None or not receiver.durable or receiver.site != "task":
-        return attempt(claim, now=now, decoded=decoded)
-    try:
-        hand_off(claim)
-    except ImproperlyConfigured:
-        raise  # no backend, or one that cannot be built: no row pays for it
-    except Exception as error:  # the queue refused: a failed attempt
-        return record_failure(claim, receiver, error, now=now)
-    return None
-
-
-class _Pools:
-    """The worker threads of a relay that runs several deliveries at once, per lane.
-
-    The main thread claims as many rows as a lane has free slots and counts what the
-    workers report; the workers only run rows.
-    """
-
-    def __init__(self, lanes: Sequence[str], sizes: Mapping[str, int]) -> None:
-        self.done: queue.Queue[Done] = queue.Queue()
-        self.wake = threading.Event()  # set when a worker finishes a row
-        self.lanes = {
-            lane: LaneWorkers(lane, sizes[lane], self._run, self.done, self.wake) for lane in lanes
-        }
-
-    @staticmethod
-    def _run(claim: Claim) -> Result:
-        return run_one(claim, clock.now())
-
-    def busy(self) -> bool:
-        return any(workers.busy for workers in self.lanes.values())
-
-    def fill(
-        self,
-        state: _Pass,
-        batch_size: int | None,
-        lane_batch_sizes: Mapping[str, int],
-        limit: int | None,
-    ) -> int:
-        """Count what finished, then claim for every free slot; returns rows claimed."""
-        self.collect(state)
-        claimed = 0
-        for lane, workers in self.lanes.items():
-            room = workers.free()
-            if limit is not None:
-                room = min(room, limit - state.claimed)
-            if state.stop() or room <= 0 or state.lane_paused(lane):
-                continue
-            claims = claim_batch(
-                worker_id=state.worker_id,
-                now=clock.now(),
-                lease=lane_lease(lane),
-                limit=min(room, _batch_size(lane, batch_size, lane_batch_sizes)),
-                lane=lane,
-            )
-            state.claimed += len(claims)
-            claimed += len(claims)
-            workers.submit(claims)
-        return claimed
-
-    def collect(self, state: _Pass) -> None:
-        """Count the rows the workers finished; raise what escaped one, once the others
-        are done, leaving every row not settled in ``state.in_hand`` to hand back."""
-        errors: list[BaseException] = []
-        for done in self._finished():
-            if done.error is not None:
-                errors.append(done.error)
-                state.in_hand.append(done.claim)
-            elif done.result is not None and (pause := state.note(done.claim, *done.result)):
-                state.pause(done.lane, pause)
-                give_back(state, self.lanes[done.lane].take_back())
-        if errors:
-            self.drain(state)
-            raise errors[0]
-
-    def drain(self, state: _Pass) -> None:
-        """Hand back the rows no worker started, and wait for the rows being run."""
-        for workers in self.lanes.values():
-            give_back(state, workers.take_back())
-        while self.busy():
-            self.wake.wait(0.1)
-            self.wake.clear()
-        for done in self._finished():
-            if done.error is not None:
-                state.in_hand.append(done.claim)
-            elif done.result is not None:
-                state.note(done.claim, *done.result)
-
-    def close(self, state: _Pass) -> None:
-        """Finish the rows being run, hand back the rest, and end the threads."""
-        self.drain(state)
-        for workers in self.lanes.values():
-            workers.close()
-
-    def _finished(self) -> list[Done]:
-        found = []
-        while True:
-            try:
-                found.append(self.done.get_nowait())
-            except queue.Empty:
-                return found
-
-
-def give_back(state: _Pass, claims: list[Claim]) -> None:
-    """Hand back claims no worker started; while the database is away, keep them in
-    ``state.in_hand`` for the relay to hand back once it is back."""
-    try:
-        release(claims)
-    except Exception:
-        state.in_hand.extend(claims)
 
 
 # The long-running loop --------------------------------------------------------
@@ -534,7 +182,7 @@ def run_relay(
                 return stop_event.is_set()
             return bool(stop()) if callable(stop) else False
 
-        state = _Pass(worker_id or relay_worker_id(), None, False, relay=True, stop=stopping)
+        state = Pass(worker_id or relay_worker_id(), None, False, relay=True, stop=stopping)
         opened = connections[alias].connection is None  # else it is the caller's: left open
         _log_start(state.worker_id, lanes, slots, alias, on_main_thread)
         try:
@@ -639,7 +287,7 @@ def _one_relay_on_sqlite(alias: str) -> Iterator[None]:
 
 
 def _loop(
-    state: _Pass,
+    state: Pass,
     lanes: list[str],
     slots: Mapping[str, int],
     passes: int | None,
@@ -654,7 +302,7 @@ def _loop(
     listener = Listener(alias) if wakes_by_notify(alias) else None
     if listener is not None:
         listener.listen()  # before the first claim: nothing fired after it is missed
-    pools = _Pools(lanes, slots) if any(n > 1 for n in slots.values()) else None
+    pools = Pools(lanes, slots) if any(n > 1 for n in slots.values()) else None
     outage_pause = min(settings.POLL_SECONDS, 2.0)
     last_prune = last_activity = last_compact = float("-inf")
     done = 0
@@ -668,7 +316,7 @@ def _loop(
                     pools.wake.clear()
                     claimed = pools.fill(state, batch_size, lane_batch_sizes, limit)
                 else:
-                    claimed = _pass(state, lanes, batch_size, lane_batch_sizes, limit)
+                    claimed = run_pass(state, lanes, batch_size, lane_batch_sizes, limit)
                 outage_pause = min(settings.POLL_SECONDS, 2.0)
             except Exception as error:
                 if not is_outage(error, alias):
@@ -722,27 +370,7 @@ def _loop(
             listener.close()
 
 
-def _pass(
-    state: _Pass,
-    lanes: Sequence[str],
-    batch_size: int | None,
-    lane_batch_sizes: Mapping[str, int],
-    limit: int | None,
-) -> int:
-    """One batch per lane, each run in turn; returns the rows claimed."""
-    claimed = 0
-    for name in lanes:
-        if state.stop():
-            break
-        room = None if limit is None else limit - state.claimed
-        if room == 0:
-            break
-        size = _batch_size(name, batch_size, lane_batch_sizes)
-        claimed += run_lane_batch(state, name, size, room)
-    return claimed
-
-
-def _hand_back(state: _Pass) -> None:
+def _hand_back(state: Pass) -> None:
     """After an outage, hand back the rows of the batch the relay was running, so they
     run at once, uncharged; raises while the database is still away."""
     if not state.in_hand:
@@ -755,7 +383,7 @@ def _hand_back(state: _Pass) -> None:
         )
 
 
-def _halt(state: _Pass, error: Exception) -> None:
+def _halt(state: Pass, error: Exception) -> None:
     """Stop the relay on an error that waiting cannot fix, saying what to do."""
     with contextlib.suppress(Exception):
         release(state.in_hand)
@@ -795,7 +423,7 @@ def _compact_tally(alias: str) -> None:
         logger.exception("The relay could not compact the scheduled tally; it will retry.")
 
 
-def _wait(listener: Listener | None, poll: float, state: _Pass) -> bool:
+def _wait(listener: Listener | None, poll: float, state: Pass) -> bool:
     """Sleep until woken (True), the poll interval passes, a pause ends, or a stop arrives."""
     timeout = poll
     if state.paused_until:

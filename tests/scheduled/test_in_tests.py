@@ -25,7 +25,7 @@ from django_domain_events import (
     drain_outbox,
     receiver,
 )
-from django_domain_events.delivery import relay
+from django_domain_events.delivery import passes
 from tests.scheduled.support import (
     DAY,
     HOUR,
@@ -288,13 +288,13 @@ def test_on_the_real_clock_nothing_is_excluded_or_read_back(monkeypatch: Any) ->
     when written, so a later claim takes the row again only once that time has really come, and
     nothing is excluded or read back.'"""
     excluded: list[tuple[int, ...]] = []
-    real_claim = relay.claim_batch
+    real_claim = passes.claim_batch
 
     def spy(**kwargs: Any) -> Any:
         excluded.append(tuple(kwargs.get("exclude_ids", ())))
         return real_claim(**kwargs)
 
-    monkeypatch.setattr(relay, "claim_batch", spy)
+    monkeypatch.setattr(passes, "claim_batch", spy)
     calls: list[int] = []
 
     def always_tomorrow(evt: OfferMade) -> None:

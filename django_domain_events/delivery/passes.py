@@ -1,0 +1,305 @@
+"""Passes over the owed rows: ``deliver_one``, ``deliver_pending`` and one relay pass.
+
+A pass visits each lane in sorted order, claims one batch there just before running
+it, and runs the batch row by row (``run.attempt``), handing back the unstarted rest on
+a pause or a stop, and every row not yet settled when something escapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .. import clock, conf
+from ..declare import registry
+from ..models import DeliveryStatus, LanePauseRecord
+from .claim import Claim, claim_batch, database_alias, release, take_over
+from .lease import lane_lease
+from .outcomes import Outcome
+from .run import attempt, record_failure
+from .run import logger as delivery_logger
+from .tasks import hand_off
+
+Counts = dict[DeliveryStatus, int]
+
+MAX_BATCH_SIZE = 10_000  # rows one claim may take; larger batches only hold leases longer
+
+# What running one claim answers: its status and outcome, or None when it was handed to
+# the task queue.
+Result = tuple[DeliveryStatus | None, Outcome | None] | None
+
+
+def default_worker_id() -> str:
+    """``host:pid``, unique among the processes of a deployment."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def empty_counts() -> Counts:
+    return {status: 0 for status in DeliveryStatus}
+
+
+def _parse_claimed_at(value: datetime | str) -> datetime:
+    if isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"claimed_at must be the ISO 8601 string the relay enqueued, not {value!r}."
+        ) from None
+
+
+def deliver_one(
+    delivery_id: int,
+    *,
+    worker_id: str | None = None,
+    claimed_by: str | None = None,
+    claimed_at: datetime | str | None = None,
+) -> DeliveryStatus | None:
+    """Run one owed row now; None for a row that is not owed or not yet due.
+
+    With ``claimed_by`` and ``claimed_at`` (a task worker), the row is first taken under
+    exactly that claim; a duplicate or stale message runs nothing. Returns ``PENDING``
+    when the receiver answered ``NotYet``.
+    """
+    if (claimed_by is None) != (claimed_at is None):
+        raise TypeError("deliver_one() takes claimed_by and claimed_at together, or neither.")
+    worker = worker_id or default_worker_id()
+    now = clock.now()
+    if claimed_by is not None and claimed_at is not None:
+        claim = take_over(
+            delivery_id,
+            claimed_by=claimed_by,
+            claimed_at=_parse_claimed_at(claimed_at),
+            worker_id=worker,
+            now=now,
+            lease=lane_lease(None),
+        )
+        if claim is None:
+            delivery_logger.info(
+                "Delivery %s: the claim %s at %s no longer holds the row (a duplicate, late "
+                "or stale message); nothing run.",
+                delivery_id,
+                claimed_by,
+                claimed_at,
+            )
+            return None
+    else:
+        claims = claim_batch(
+            worker_id=worker, now=now, lease=lane_lease(None), limit=1, ids=[delivery_id]
+        )
+        if not claims:
+            return None
+        claim = claims[0]
+    status, _ = attempt(claim, now=now)
+    return status
+
+
+@dataclass
+class Pass:
+    """What one call of ``deliver_pending``, or one relay, keeps between batches.
+
+    A lane set aside by ``RetryAfter(counts=False)`` stays aside for the rest of a
+    ``deliver_pending`` call; a relay pauses it for the time asked, recorded in
+    ``LanePauseRecord`` for operators.
+    """
+
+    worker_id: str
+    now: datetime | None
+    ignore_backoff: bool
+    relay: bool = False
+    counts: Counts = field(default_factory=empty_counts)
+    excluded: set[int] = field(default_factory=set)
+    paused_until: dict[str, float] = field(default_factory=dict)  # lane -> monotonic
+    stop: Callable[[], bool] = lambda: False
+    claimed: int = 0
+    in_hand: list[Claim] = field(default_factory=list)  # the batch being run
+
+    def note(self, claim: Claim, status: DeliveryStatus | None, outcome: Outcome | None) -> float:
+        """Count what one attempt recorded; returns the seconds its lane should pause."""
+        if status is not None:
+            self.counts[status] += 1
+        if status is DeliveryStatus.PENDING and self.now is not None:
+            self.excluded.add(claim.id)
+        if status is DeliveryStatus.FAILED and self.ignore_backoff and claim.max_attempts is None:
+            # Unbounded attempts end by lifetime, not count: once per call, or it would spin.
+            self.excluded.add(claim.id)
+        return outcome.pause_seconds if outcome is not None else 0.0
+
+    def pause(self, lane: str, seconds: float) -> None:
+        self.paused_until[lane] = time.monotonic() + seconds
+        if self.relay:
+            record_pause(lane, self.worker_id, seconds)
+
+    def lane_paused(self, lane: str) -> bool:
+        until = self.paused_until.get(lane)
+        if until is None:
+            return False
+        if self.relay and time.monotonic() >= until:
+            del self.paused_until[lane]
+            end_pause(lane, self.worker_id)
+            return False
+        return True
+
+
+def record_pause(lane: str, worker_id: str, seconds: float) -> None:
+    """Show the pause to operators; clears pauses whose relay never came back to end them."""
+    now = clock.now()
+    alias = database_alias()
+    pauses = LanePauseRecord.objects.using(alias)
+    pauses.filter(until__lt=now).delete()
+    pauses.update_or_create(
+        lane=lane,
+        worker_id=worker_id,
+        defaults={"paused_at": now, "until": now + timedelta(seconds=seconds)},
+    )
+
+
+def end_pause(lane: str, worker_id: str) -> None:
+    LanePauseRecord.objects.using(database_alias()).filter(lane=lane, worker_id=worker_id).delete()
+
+
+def batch_size_of(lane: str, batch_size: int | None, lane_batch_sizes: Mapping[str, int]) -> int:
+    return lane_batch_sizes.get(lane) or batch_size or conf.get().BATCH_SIZE
+
+
+def check_sizes(batch_size: int | None, lane_batch_sizes: Mapping[str, int] | None) -> None:
+    """Refuse a batch size that is not a whole number from 1 to ``MAX_BATCH_SIZE``."""
+    sizes = [("the batch size", batch_size)]
+    sizes += [
+        (f"the batch size of lane {lane!r}", size)
+        for lane, size in (lane_batch_sizes or {}).items()
+    ]
+    for what, size in sizes:
+        if size is not None and (
+            isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH_SIZE
+        ):
+            raise ValueError(
+                f"{what} must be a whole number from 1 to {MAX_BATCH_SIZE}, not {size!r}."
+            )
+
+
+def deliver_pending(
+    limit: int | None = None,
+    *,
+    worker_id: str = "deliver_pending",
+    ignore_backoff: bool = False,
+    lane: str | None = None,
+    batch_size: int | None = None,
+    lane_batch_sizes: Mapping[str, int] | None = None,
+    now: datetime | None = None,
+) -> Counts:
+    """Claim and deliver until nothing is claimable (or ``limit`` rows), every lane in turn.
+
+    ``now`` is the moment every claim of the call is made at; receivers still run on the
+    real clock. Returns the count of each outcome recorded; a task hand-off is not counted.
+    """
+    check_sizes(batch_size, lane_batch_sizes)
+    if limit is not None and limit < 0:
+        raise ValueError(f"deliver_pending(limit=) must be >= 0 or None, not {limit!r}.")
+    state = Pass(worker_id, clock.normalize(now) if now is not None else None, ignore_backoff)
+    lanes = [lane] if lane is not None else list(registry.lanes())
+    while limit is None or state.claimed < limit:
+        before = state.claimed
+        for name in lanes:
+            room = None if limit is None else limit - state.claimed
+            if room == 0:
+                break
+            run_lane_batch(
+                state, name, batch_size_of(name, batch_size, lane_batch_sizes or {}), room
+            )
+        if state.claimed == before:
+            break
+    return state.counts
+
+
+def run_lane_batch(state: Pass, lane: str, size: int, room: int | None = None) -> int:
+    """Claim one batch in ``lane`` and run it; returns how many rows were claimed."""
+    if state.lane_paused(lane):
+        return 0
+    now = state.now if state.now is not None else clock.now()
+    claims = claim_batch(
+        worker_id=state.worker_id,
+        now=now,
+        lease=lane_lease(lane),
+        limit=size if room is None else min(size, room),
+        lane=lane,
+        exclude_ids=state.excluded,
+        ignore_backoff=state.ignore_backoff,
+    )
+    state.claimed += len(claims)
+    state.in_hand = claims  # kept if the batch fails, for the relay to hand back
+    run_batch(state, lane, claims, now)
+    state.in_hand = []
+    return len(claims)
+
+
+def run_batch(state: Pass, lane: str, claims: Sequence[Claim], now: datetime) -> None:
+    """Run a claimed batch in order; hand back the unstarted rest on a pause or a stop,
+    and every row not yet settled when something escapes (nothing is charged for it)."""
+    try:
+        _run_claims(state, lane, claims, now)
+    except BaseException:
+        with contextlib.suppress(Exception):  # in an outage the relay hands back later
+            release(claims)  # a compare-and-set: the rows already settled are left alone
+        raise
+
+
+def _run_claims(state: Pass, lane: str, claims: Sequence[Claim], now: datetime) -> None:
+    decoded: dict[int, Any] = {}
+    for index, claim in enumerate(claims):
+        if state.stop():
+            release(claims[index:])
+            return
+        result = run_one(claim, now, decoded)
+        if result is None:  # handed to the task queue
+            if state.now is not None:
+                state.excluded.add(claim.id)
+            continue
+        pause = state.note(claim, *result)
+        if pause:
+            state.pause(lane, pause)
+            release(claims[index + 1 :])
+            return
+
+
+def run_one(claim: Claim, now: datetime, decoded: dict[int, Any] | None = None) -> Result:
+    """Run one claimed row, or hand it to the task queue (None)."""
+    receiver = registry.receiver(claim.receiver_key)
+    if receiver is None or not receiver.durable or receiver.site != "task":
+        return attempt(claim, now=now, decoded=decoded)
+    try:
+        hand_off(claim)
+    except ImproperlyConfigured:
+        raise  # no backend, or one that cannot be built: no row pays for it
+    except Exception as error:  # the queue refused: a failed attempt
+        return record_failure(claim, receiver, error, now=now)
+    return None
+
+
+def run_pass(
+    state: Pass,
+    lanes: Sequence[str],
+    batch_size: int | None,
+    lane_batch_sizes: Mapping[str, int],
+    limit: int | None,
+) -> int:
+    """One batch per lane, each run in turn; returns the rows claimed."""
+    claimed = 0
+    for name in lanes:
+        if state.stop():
+            break
+        room = None if limit is None else limit - state.claimed
+        if room == 0:
+            break
+        size = batch_size_of(name, batch_size, lane_batch_sizes)
+        claimed += run_lane_batch(state, name, size, room)
+    return claimed
