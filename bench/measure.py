@@ -14,6 +14,7 @@ import inspect
 import io
 import os
 import pstats
+import statistics
 import threading
 import time
 import uuid
@@ -730,3 +731,50 @@ def _short_path(filename: str) -> str:
         if marker in filename:
             return filename.split(marker, 1)[1]
     return filename
+
+
+# ---------------------------------------------------------------- 10. group acknowledgement
+
+
+def raw_group_drain(conn: psycopg.Connection[Any]) -> int:
+    """The group-commit reference: claim 50, acknowledge them in one UPDATE, one COMMIT."""
+    claim, _ = raw_statements()
+    ack = sql.SQL(
+        "UPDATE {t} SET status = 'succeeded', attempts = attempts + 1, completed_at = now(), "
+        "succeeded_at = now() WHERE id = ANY(%s) AND claimed_by = %s"
+    ).format(t=sql.Identifier(delivery_table()))
+    params = {"worker": RAW_WORKER, "lease": RAW_LEASE_SECONDS, "limit": BATCH_SIZE}
+    done = 0
+    while True:
+        rows = conn.execute(claim, params).fetchall()
+        conn.commit()
+        if not rows:
+            return done
+        conn.execute(ack, ([delivery_id for delivery_id, _ in rows], RAW_WORKER))
+        conn.commit()
+        done += len(rows)
+
+
+def group_rates(count: int, rounds: int) -> tuple[float, float]:
+    """Deliveries/s of ``deliver_pending`` over ``ack="batch"`` no-op rows and of the raw
+    group-commit loop, ``count`` rows each, in alternating rounds; medians of the rounds."""
+    ours: list[float] = []
+    raw: list[float] = []
+    calls = [0]
+    with raw_connection() as conn, declared({NOOP_KEY: {"ack": "batch"}}, calls):
+        for index in range(rounds):
+            for name in ("ours", "raw") if index % 2 == 0 else ("raw", "ours"):
+                reset_tables()
+                seed_pending(count)
+                settle_database()
+                calls[0] = 0
+                started = time.perf_counter()
+                if name == "ours":
+                    _drain_ours(count, calls)
+                    ours.append(count / (time.perf_counter() - started))
+                else:
+                    if raw_group_drain(conn) != count:
+                        raise RuntimeError("raw group drain did not acknowledge every row")
+                    raw.append(count / (time.perf_counter() - started))
+    reset_tables()
+    return statistics.median(ours), statistics.median(raw)

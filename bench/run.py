@@ -32,6 +32,8 @@ TARGET_HEALTH_RATIO = 2.0  # outbox_health() latency, large table over empty
 TARGET_PEAK_MIB = 300.0  # a --once relay over section 8's large payloads, peak RSS
 TARGET_CONCURRENCY_16 = 12.0  # 50 ms receivers: --concurrency 16 over --concurrency 1
 TARGET_CONCURRENCY_2X16 = 20.0  # two relays with --concurrency 16 over one with 1
+TARGET_GROUP_RATE = 5_000.0  # ack="batch" no-op deliveries/s
+TARGET_GROUP_RATIO = 0.25  # ... over the raw group-commit loop
 
 FULL_SIZES = {
     # 11,000 events in all: at ~3-6 ms a commit on this machine, 20,000 would not fit the
@@ -55,6 +57,8 @@ FULL_SIZES = {
     "bulky_mib": 10,  # ... this many MiB of payload each
     "slow_rows": 100,  # section 9: rows of a 50 ms receiver for --concurrency 1 ...
     "slow_rows_wide": 1_600,  # ... and for the concurrent relays
+    "group_rows": 5_000,  # section 10: rows per round, ack="batch" and the raw loop
+    "group_rounds": 6,
 }
 # --quick divides every size by ten, but never below these.
 QUICK_FLOOR = {
@@ -64,6 +68,7 @@ QUICK_FLOOR = {
     "bulky_mib": 10,
     "slow_rows": 40,
     "slow_rows_wide": 320,
+    "group_rounds": 2,
 }
 
 
@@ -568,6 +573,27 @@ def section_concurrency(sizes: dict[str, int], summary: Summary, note: str) -> N
         summary.append((f"concurrency: {label}", f"{ratio:.1f}x", f">= {target:.0f}", verdict))
 
 
+def section_group(measure: Any, sizes: dict[str, int], summary: Summary, note: str) -> None:
+    """ack="batch": a run of no-op rows acknowledged in one statement and one commit."""
+    count, rounds = sizes["group_rows"], sizes["group_rounds"]
+    print(
+        f"== 10. group acknowledgement: deliver_pending(batch_size=50) over {count:,} no-op "
+        f'rows of an ack="batch" receiver, against raw psycopg claiming 50, one UPDATE and '
+        f"one COMMIT per batch; medians of {rounds} alternating rounds{note}"
+    )
+    ours, raw = measure.group_rates(count, rounds)
+    figure('ack="batch": deliveries/s', ours, "deliveries/s")
+    figure("raw group commit: deliveries/s", raw, "deliveries/s")
+    rate_verdict = verdict_of(ours >= TARGET_GROUP_RATE)
+    ratio_verdict = verdict_of(ours / raw >= TARGET_GROUP_RATIO)
+    figure('ack="batch" rate', ours, f"target >= {TARGET_GROUP_RATE:,.0f}: {rate_verdict}")
+    figure("ratio ours / raw group commit", ours / raw, f"target >= 0.25: {ratio_verdict}", ".3f")
+    summary += [
+        ('ack="batch" deliveries/s', f"{ours:,.0f}", f">= {TARGET_GROUP_RATE:,.0f}", rate_verdict),
+        ("  ratio to raw group commit", f"{ours / raw:.3f}", ">= 0.25", ratio_verdict),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the sizes")
@@ -583,9 +609,10 @@ def main(argv: list[str] | None = None) -> int:
             "scheduled",
             "memory",
             "concurrency",
+            "group",
         ],
         help="run one part: fire (1.), delivery (2. and 3.), breakdown (4.), relay (5.), "
-        "claim (6.), scheduled (7.), memory (8.) or concurrency (9.)",
+        "claim (6.), scheduled (7.), memory (8.), concurrency (9.) or group (10.)",
     )
     args = parser.parse_args(argv)
     scale = 10 if args.quick else 1
@@ -623,8 +650,10 @@ def main(argv: list[str] | None = None) -> int:
         section_memory(sizes, summary, note)
     if args.only in (None, "concurrency"):
         section_concurrency(sizes, summary, note)
+    if args.only in (None, "group"):
+        section_group(measure, sizes, summary, note)
     if args.profile:
-        print(f"== 10. cProfile of deliver_pending() over {sizes['profile']:,} rows")
+        print(f"== 11. cProfile of deliver_pending() over {sizes['profile']:,} rows")
         print(measure.profile_ours(sizes["profile"]))
     elif verdict == "MISS":
         print("(ratio below target: run with --profile for the hot spots)")

@@ -123,6 +123,16 @@ def check_importable_settings(app_configs: Any = None, **kwargs: Any) -> list[Ch
             found.append(
                 Error(str(error), hint="Fix AROUND_DELIVERY.", id="django_domain_events.E006")
             )
+    for declared in registry.receivers:
+        if declared.durable and declared.site == "task" and declared.ack == "batch":
+            found.append(
+                checks.Warning(
+                    f"Receiver {declared.key!r} declares ack='batch' and site='task': a task "
+                    "worker runs one row at a time, so nothing is acknowledged in batches.",
+                    hint="Drop ack='batch', or run the receiver in the relay (site='relay').",
+                    id="django_domain_events.W005",
+                )
+            )
     tasks = [r.key for r in registry.receivers if r.durable and r.site == "task"]
     if settings.TASK_BACKEND is None and not tasks:
         return found

@@ -82,6 +82,7 @@ class RegisteredReceiver:
     retry: RetryPolicy | None = None
     is_async: bool = field(default=False, compare=False)
     event_name: str = ""  # the event class's name at declaration; "" for AnyEvent
+    ack: str = "each"  # "batch": acknowledged with the rows around it, in one commit
 
     @property
     def durable(self) -> bool:
@@ -374,8 +375,10 @@ _ROW_ARGUMENTS = (
     "give_up_after",
     "due",
     "ttl",
+    "ack",
 )
 _ROW_DEFAULTS: dict[str, Any] = {
+    "ack": "each",
     "max_attempts": 5,
     "eager": False,
     "site": "relay",
@@ -402,8 +405,14 @@ def receiver(
     give_up_after: timedelta | None = None,
     due: timedelta | Callable[[Any], Any] | None = None,
     ttl: timedelta | None = None,
+    ack: str = "each",
 ) -> Callable[[F], F]:
-    """Declare ``func`` as a reaction to ``event_cls`` (or to every event, ``AnyEvent``)."""
+    """Declare ``func`` as a reaction to ``event_cls`` (or to every event, ``AnyEvent``).
+
+    ``ack="batch"`` is for receivers whose only effects are writes to this database: the
+    relay runs a run of such rows in one transaction, each in a savepoint, and
+    acknowledges them together in one commit; a crash repeats the whole group.
+    """
     given = {
         "max_attempts": max_attempts,
         "eager": eager,
@@ -417,6 +426,7 @@ def receiver(
         "give_up_after": give_up_after,
         "due": due,
         "ttl": ttl,
+        "ack": ack,
     }
     _check_event_class(event_cls)
     _check_mode(mode, given)
@@ -464,6 +474,7 @@ def receiver(
                 retry=policy,
                 is_async=inspect.iscoroutinefunction(func),
                 event_name=_event_name(event_cls),
+                ack=ack,
             )
         )
         return func
@@ -551,6 +562,12 @@ def _check_row_arguments(given: dict[str, Any]) -> None:
         _positive_timedelta(given["give_up_after"], "give_up_after")
     if given["ttl"] is not None:
         _positive_timedelta(given["ttl"], "ttl")
+    if given["ack"] not in ("each", "batch"):
+        raise ValueError(
+            f"@receiver(ack=) must be 'each' (one commit per delivery) or 'batch' (a run of "
+            f"rows acknowledged in one commit: only for receivers that write nothing but this "
+            f"database), not {given['ack']!r}."
+        )
     _check_due(given)
 
 

@@ -22,6 +22,7 @@ from .. import clock, conf
 from ..declare import registry
 from ..models import DeliveryStatus, LanePauseRecord
 from .claim import Claim, claim_batch, database_alias, release, take_over
+from .group import attempt_group
 from .lease import lane_lease
 from .outcomes import Outcome
 from .run import attempt, record_failure
@@ -255,20 +256,40 @@ def run_batch(state: Pass, lane: str, claims: Sequence[Claim], now: datetime) ->
 
 def _run_claims(state: Pass, lane: str, claims: Sequence[Claim], now: datetime) -> None:
     decoded: dict[int, Any] = {}
-    for index, claim in enumerate(claims):
+    index = 0
+    while index < len(claims):
         if state.stop():
             release(claims[index:])
             return
-        result = run_one(claim, now, decoded)
-        if result is None:  # handed to the task queue
-            if state.now is not None:
-                state.excluded.add(claim.id)
-            continue
-        pause = state.note(claim, *result)
+        group = _batch_acked(claims, index)
+        if len(group) > 1:
+            results: list[Result] = list(attempt_group(group, now=now, decoded=decoded))
+        else:
+            group = [claims[index]]
+            results = [run_one(claims[index], now, decoded)]
+        index += len(group)
+        pause = 0.0
+        for claim, result in zip(group, results, strict=True):
+            if result is None:  # handed to the task queue
+                if state.now is not None:
+                    state.excluded.add(claim.id)
+                continue
+            pause = max(pause, state.note(claim, *result))
         if pause:
             state.pause(lane, pause)
-            release(claims[index + 1 :])
+            release(claims[index:])
             return
+
+
+def _batch_acked(claims: Sequence[Claim], start: int) -> list[Claim]:
+    """The run of ``ack="batch"`` relay rows from ``start`` on (empty when there is none)."""
+    group = []
+    for claim in claims[start:]:
+        receiver = registry.receiver(claim.receiver_key)
+        if receiver is None or receiver.ack != "batch" or receiver.site != "relay":
+            break
+        group.append(claim)
+    return group
 
 
 def run_one(claim: Claim, now: datetime, decoded: dict[int, Any] | None = None) -> Result:

@@ -18,7 +18,8 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -119,6 +120,23 @@ def around_delivery(ctx: DeliveryContext) -> contextlib.AbstractContextManager[N
     return contextlib.nullcontext() if path is None else _around(around_hook(path), ctx)
 
 
+def acknowledge(alias: str, claim: Claim) -> bool:
+    """Record ``claim``'s success, in the transaction of its receiver's writes."""
+    done = clock.now()
+    return _update_claimed(
+        alias,
+        claim,
+        {
+            "status": DeliveryStatus.SUCCEEDED.value,
+            "attempts": 1,
+            "completed_at": done,
+            "succeeded_at": done,
+            "lease_expires_at": None,
+            "last_error": "",
+        },
+    )
+
+
 def _update_claimed(alias: str, claim: Claim, assignments: dict[str, Any]) -> bool:
     """One ``UPDATE`` of the row, only while this claim still holds it.
 
@@ -160,18 +178,26 @@ def context_for(claim: Claim, scope: dict[str, Any]) -> DeliveryContext:
     )
 
 
-def attempt(
-    claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = None
-) -> tuple[DeliveryStatus | None, Outcome | None]:
-    """Run ``claim``'s receiver once and record the outcome.
+@dataclass(frozen=True)
+class Ready:
+    """A claimed row about to run: its lease renewed, its event read."""
 
-    ``now`` is the claim's clock (a test's ``now=``, or the real one); time written
-    for the next attempt is measured from the later of it and the real clock. Returns
-    the recorded status (None when the row was lost to another worker) and, for an
-    attempt that did not succeed, the outcome, so the relay can honour a pause.
-    ``decoded`` keeps the last event decoded, for the fan-out rows after it.
-    """
-    alias = database_alias()
+    claim: Claim
+    receiver: RegisteredReceiver
+    lease: timedelta
+    evt: Any
+    ctx: DeliveryContext
+
+
+Attempted = tuple[DeliveryStatus | None, Outcome | None]
+
+
+def prepare(
+    alias: str, claim: Claim, now: datetime, decoded: dict[int, Any] | None = None
+) -> Ready | Attempted:
+    """Everything before the receiver runs: a row that cannot run is settled unrun, a row
+    lost to another worker skipped (both answered as an attempt's result); the rest is
+    ``Ready``, its lease renewed and its event decoded."""
     receiver = registry.receiver(claim.receiver_key)
     if receiver is None or not receiver.durable:
         return _settle_unrun(
@@ -196,45 +222,47 @@ def attempt(
     if held is None:
         _warn_lease_lost(claim, ran=False)
         return None, None
-    claim = held
     try:
-        evt, scope = _read(claim, decoded)
+        evt, scope = _read(held, decoded)
     except ImproperlyConfigured:
         raise  # the codec cannot be loaded: nothing about this row is wrong
     except Exception as error:  # any row that cannot become the event: dead, unrun
         reason = describe_error(error)
         if not isinstance(error, LookupError | PayloadDecodeError | PayloadUpgradeFailed):
             reason = f"the payload could not be decoded into {claim.event_name}: {reason}"
-        return _settle_unrun(alias, claim, DeliveryStatus.DEAD, reason, receiver)
-    ctx = context_for(claim, scope)
-    hook = around_delivery(ctx)  # an unimportable hook escapes here, before anything ran
+        return _settle_unrun(alias, held, DeliveryStatus.DEAD, reason, receiver)
+    return Ready(held, receiver, lease, evt, context_for(held, scope))
+
+
+def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = None) -> Attempted:
+    """Run ``claim``'s receiver once and record the outcome.
+
+    ``now`` is the claim's clock (a test's ``now=``, or the real one); time written
+    for the next attempt is measured from the later of it and the real clock. Returns
+    the recorded status (None when the row was lost to another worker) and, for an
+    attempt that did not succeed, the outcome, so the relay can honour a pause.
+    ``decoded`` keeps the last event decoded, for the fan-out rows after it.
+    """
+    alias = database_alias()
+    ready = prepare(alias, claim, now, decoded)
+    if not isinstance(ready, Ready):
+        return ready
+    claim, receiver = ready.claim, ready.receiver
+    hook = around_delivery(ready.ctx)  # an unimportable hook escapes here, before anything
     failure: BaseException | None = None  # what the receiver (or the hook) raised
     try:
         with transaction.atomic(using=alias):
             try:
                 with (
-                    kept_alive(alias, claim, lease),
+                    kept_alive(alias, claim, ready.lease),
                     hook,
                     caused_by(claim.event_id, claim.correlation_id),
                 ):
-                    call_receiver(receiver, evt, ctx)
+                    call_receiver(receiver, ready.evt, ready.ctx)
             except (Exception, SystemExit) as error:  # a receiver calling sys.exit() too
                 failure = error
                 raise
-            done = clock.now()
-            acknowledged = _update_claimed(
-                alias,
-                claim,
-                {
-                    "status": DeliveryStatus.SUCCEEDED.value,
-                    "attempts": 1,
-                    "completed_at": done,
-                    "succeeded_at": done,
-                    "lease_expires_at": None,
-                    "last_error": "",
-                },
-            )
-            if not acknowledged:
+            if not acknowledge(alias, claim):
                 raise _LeaseLost
     except _LeaseLost:
         _warn_lease_lost(claim, ran=True)
@@ -307,9 +335,20 @@ def record_failure(
     error: BaseException,
     *,
     now: datetime,
-) -> tuple[DeliveryStatus | None, Outcome | None]:
+) -> Attempted:
     """Record that ``error`` ended this attempt, as ``decide()`` rules; tell on_failure."""
-    alias = database_alias()
+    outcome, written = write_failure(claim, receiver, error, now=now)
+    if not written:
+        _warn_lease_lost(claim, ran=True)
+        return None, None
+    tell_failure(claim, receiver, outcome, error)
+    return outcome.status, outcome
+
+
+def write_failure(
+    claim: Claim, receiver: RegisteredReceiver, error: BaseException, *, now: datetime
+) -> tuple[Outcome, bool]:
+    """Write the row's fate after ``error``; False when the claim no longer holds it."""
     moment = max(now, clock.now())
     outcome = decide(
         receiver,
@@ -337,16 +376,19 @@ def record_failure(
             assignments["completed_at"] = clock.now()
         else:
             assignments["available_at"] = outcome.available_at
-    written = _update_claimed(alias, claim, assignments)  # one statement: no transaction
-    if not written:
-        _warn_lease_lost(claim, ran=True)
-        return None, None
-    if outcome.tells_on_failure:
-        _log_failure(claim, outcome.status, outcome.last_error, error)
-        if receiver.on_failure is not None:
-            failure = _failure(claim, outcome.status, error, attempt=claim.attempts + 1)
-            call_hook(receiver.on_failure, failure)
-    return outcome.status, outcome
+    return outcome, _update_claimed(database_alias(), claim, assignments)
+
+
+def tell_failure(
+    claim: Claim, receiver: RegisteredReceiver, outcome: Outcome, error: BaseException
+) -> None:
+    """Log a recorded failure and tell the receiver's ``on_failure``, once it is written."""
+    if not outcome.tells_on_failure:
+        return
+    _log_failure(claim, outcome.status, outcome.last_error, error)
+    if receiver.on_failure is not None:
+        failure = _failure(claim, outcome.status, error, attempt=claim.attempts + 1)
+        call_hook(receiver.on_failure, failure)
 
 
 def _failure(

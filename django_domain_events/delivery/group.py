@@ -1,0 +1,138 @@
+"""Group acknowledgement: a run of ``ack="batch"`` rows delivered in one commit.
+
+For receivers whose only effects are writes to this database, a commit per delivery is
+most of the cost. Here a run of such rows from one claim shares one transaction: each
+receiver runs in a savepoint, a failing one rolls back only its own savepoint and is
+recorded failed in the same commit, and the successes are acknowledged by one
+statement. A crash, or a row of the group lost to another worker, repeats the whole
+group (the second case one row at a time), which is safe only because every effect was
+in the rolled-back transaction.
+
+Savepoints cost two round trips a row, so a group first runs without them; only when a
+receiver raises is the group rolled back and run again with one savepoint per row.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import connections, transaction
+
+from .. import clock, tally
+from ..models import STATUS_SQL, DeliveryRecord, DeliveryStatus
+from ..scope import caused_by
+from .claim import Claim, database_alias
+from .lease import kept_alive
+from .outage import connection_lost
+from .outcomes import Outcome
+from .run import (
+    Attempted,
+    Ready,
+    around_delivery,
+    attempt,
+    call_receiver,
+    prepare,
+    tell_failure,
+    write_failure,
+)
+
+logger = logging.getLogger("django_domain_events.delivery")
+
+
+class _GroupLost(Exception):
+    """A row of the group was taken over: roll the whole group back."""
+
+
+class _Failed(Exception):
+    """A receiver raised in a group run without savepoints: run it again with them."""
+
+
+def attempt_group(
+    claims: Sequence[Claim], *, now: datetime, decoded: dict[int, Any] | None = None
+) -> list[Attempted]:
+    """Run ``claims`` (of one claim, all ``ack="batch"``) in one transaction; the result
+    of each, in order, as ``attempt()`` gives it."""
+    alias = database_alias()
+    results: dict[int, Attempted] = {}
+    ready: list[Ready] = []
+    for claim in claims:
+        prepared = prepare(alias, claim, now, decoded)
+        if isinstance(prepared, Ready):
+            ready.append(prepared)
+        else:
+            results[claim.id] = prepared
+    try:
+        try:
+            results.update(_run_together(alias, ready, now, savepoints=False))
+        except _Failed:
+            results.update(_run_together(alias, ready, now, savepoints=True))
+    except _GroupLost:
+        logger.info(
+            "A row of a group of %s was taken over by another worker; the group was rolled "
+            "back and its rows run one at a time.",
+            len(ready),
+        )
+        for row in ready:
+            results[row.claim.id] = attempt(row.claim, now=now)
+    return [results[claim.id] for claim in claims]
+
+
+def _run_together(
+    alias: str, ready: Sequence[Ready], now: datetime, *, savepoints: bool
+) -> dict[int, Attempted]:
+    succeeded: list[Claim] = []
+    failed: list[tuple[Ready, Outcome, BaseException]] = []
+    with transaction.atomic(using=alias):
+        for row in ready:
+            hook = around_delivery(row.ctx)  # an unimportable hook escapes, charging nothing
+            try:
+                with (
+                    transaction.atomic(using=alias, savepoint=savepoints),
+                    kept_alive(alias, row.claim, row.lease),
+                    hook,
+                    caused_by(row.claim.event_id, row.claim.correlation_id),
+                ):
+                    call_receiver(row.receiver, row.evt, row.ctx)
+            except (Exception, SystemExit) as error:
+                if connection_lost(error, alias):
+                    raise
+                if not savepoints:
+                    raise _Failed from error
+                outcome, written = write_failure(row.claim, row.receiver, error, now=now)
+                if not written:
+                    raise _GroupLost from None
+                failed.append((row, outcome, error))
+                continue
+            succeeded.append(row.claim)
+        if succeeded and not _acknowledge_all(alias, succeeded):
+            raise _GroupLost
+    for row, outcome, raised in failed:  # told only once the commit made them true
+        tell_failure(row.claim, row.receiver, outcome, raised)
+    results: dict[int, Attempted] = {c.id: (DeliveryStatus.SUCCEEDED, None) for c in succeeded}
+    results.update({row.claim.id: (outcome.status, outcome) for row, outcome, _ in failed})
+    return results
+
+
+def _acknowledge_all(alias: str, claims: Sequence[Claim]) -> bool:
+    """One compare-and-set ``UPDATE`` for every success of the group (one claim's rows)."""
+    first = claims[0]
+    connection = connections[alias]
+    quote, adapt = connection.ops.quote_name, connection.ops.adapt_datetimefield_value
+    done = clock.now()
+    marks = ", ".join(["%s"] * len(claims))
+    sql = (
+        f"UPDATE {quote(DeliveryRecord._meta.db_table)} SET status = {STATUS_SQL['succeeded']}, "
+        "attempts = attempts + 1, completed_at = %s, succeeded_at = %s, "
+        "lease_expires_at = NULL, last_error = '' "
+        f"WHERE status = {STATUS_SQL['claimed']} AND claimed_by = %s AND claimed_at = %s "
+        f"AND id IN ({marks})"
+    )
+    params = [adapt(done), adapt(done), first.claimed_by, adapt(first.claimed_at)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, *(c.id for c in claims)])
+        written = cursor.rowcount
+    tally.record(alias, left=[(c.receiver_key, c.due_at) for c in claims])
+    return written == len(claims)
