@@ -4,6 +4,7 @@
     .venv/bin/python bench/run.py --quick    a tenth of the sizes: a smoke run
     .venv/bin/python bench/run.py --profile  also cProfile a 2,000-row drain
     .venv/bin/python bench/run.py --only fire|delivery|breakdown|relay|claim|scheduled|memory
+    .venv/bin/python bench/run.py --only fire_overhead [--profile]
 
 Targets are reported (PASS/MISS), not asserted: the exit status is 0 unless something
 failed (no database, a drain that did not deliver every row, ...).
@@ -30,6 +31,8 @@ TARGET_SCALING = 1.5  # two deliver_events processes over one, deliveries/s
 TARGET_CLAIM_RATIO = 1.1  # claim_batch() latency, large table over empty
 TARGET_HEALTH_RATIO = 2.0  # outbox_health() latency, large table over empty
 TARGET_PEAK_MIB = 300.0  # a --once relay over section 8's large payloads, peak RSS
+TARGET_FIRE_OVERHEAD_MS = 0.5  # fire() with one receiver, over one plain ORM insert
+TARGET_FAN_OUT_ROW_US = 50.0  # a 50-target fire() over the baseline, per delivery row
 
 FULL_SIZES = {
     # 11,000 events in all: at ~3-6 ms a commit on this machine, 20,000 would not fit the
@@ -51,9 +54,18 @@ FULL_SIZES = {
     "reps": 30,  # timed claim_batch() / outbox_health() calls per table state
     "bulky_events": 40,  # section 8: events of ...
     "bulky_mib": 10,  # ... this many MiB of payload each
+    "overhead_rounds": 10,  # section 9: alternating rounds of baseline, 1 receiver, fan-out
+    "overhead_calls": 200,  # ... of this many transactions each
 }
 # --quick divides every size by ten, but never below these.
-QUICK_FLOOR = {"relay_unpaced": 4, "relay_rounds": 2, "reps": 10, "bulky_mib": 10}
+QUICK_FLOOR = {
+    "relay_unpaced": 4,
+    "relay_rounds": 2,
+    "reps": 10,
+    "bulky_mib": 10,
+    "overhead_rounds": 4,
+    "overhead_calls": 50,
+}
 
 
 def _admin_connection() -> Any:
@@ -471,15 +483,78 @@ def section_memory(sizes: dict[str, int], summary: Summary, note: str) -> None:
     summary.append((f"relay peak RSS, {count} x {mib} MiB", f"{peak:.0f} MiB", "< 300", verdict))
 
 
+def section_fire_overhead(
+    measure: Any, sizes: dict[str, int], summary: Summary, note: str, profile: bool
+) -> None:
+    rounds, calls = sizes["overhead_rounds"], sizes["overhead_calls"]
+    fan = measure.FAN_OUT
+    print(
+        f"== 9. fire() overhead: {rounds} alternating rounds (baseline, one, fan-out, then "
+        f"back) of {calls} transactions each; baseline = transaction.atomic() around one "
+        f"EventRecord.objects.create(); one = fire() with 1 durable receiver; fan-out = "
+        f"fire() with a {fan}-target receiver; medians of the rounds' per-call times{note}"
+    )
+    result = measure.fire_overhead(rounds, calls)
+    for case, label in (("baseline", "baseline"), ("one", "fire, 1 receiver"), ("fan", "fan")):
+        if case == "fan":
+            label = f"fire, {fan}-target fan-out"
+        figure(f"{label}: ms/call (median)", result.median(case) * 1000, "ms", ".3f")
+    one_ms = result.over_baseline("one") * 1000
+    fan_us = result.over_baseline("fan") * 1e6 / fan
+    one_verdict = verdict_of(one_ms <= TARGET_FIRE_OVERHEAD_MS)
+    fan_verdict = verdict_of(fan_us <= TARGET_FAN_OUT_ROW_US)
+    figure(
+        "fire, 1 receiver, over baseline",
+        one_ms,
+        f"ms, target <= {TARGET_FIRE_OVERHEAD_MS}: {one_verdict}",
+        ".3f",
+    )
+    figure("  paired (median of per-round differences)", result.paired("one") * 1000, "ms", ".3f")
+    figure(
+        f"fire, {fan}-target fan-out, over baseline, per row",
+        fan_us,
+        f"us, target <= {TARGET_FAN_OUT_ROW_US:.0f}: {fan_verdict}",
+        ".1f",
+    )
+    figure("  paired, per row", result.paired("fan") * 1e6 / fan, "us", ".1f")
+    print(f"  background: {result.background}")
+    if profile:
+        for case in ("one", "fan"):
+            print(measure.profile_fire(case, calls))
+    summary += [
+        (
+            "fire() 1 receiver over baseline",
+            f"{one_ms:.3f} ms",
+            f"<= {TARGET_FIRE_OVERHEAD_MS}",
+            one_verdict,
+        ),
+        (
+            f"fire() {fan}-target fan-out, per row",
+            f"{fan_us:.1f} us",
+            f"<= {TARGET_FAN_OUT_ROW_US:.0f}",
+            fan_verdict,
+        ),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the sizes")
     parser.add_argument("--profile", action="store_true", help="cProfile a drain as well")
     parser.add_argument(
         "--only",
-        choices=["fire", "delivery", "breakdown", "relay", "claim", "scheduled", "memory"],
+        choices=[
+            "fire",
+            "delivery",
+            "breakdown",
+            "relay",
+            "claim",
+            "scheduled",
+            "memory",
+            "fire_overhead",
+        ],
         help="run one part: fire (1.), delivery (2. and 3.), breakdown (4.), relay (5.), "
-        "claim (6.), scheduled (7.) or memory (8.)",
+        "claim (6.), scheduled (7.), memory (8.) or fire_overhead (9.)",
     )
     args = parser.parse_args(argv)
     scale = 10 if args.quick else 1
@@ -515,8 +590,10 @@ def main(argv: list[str] | None = None) -> int:
         section_scheduled(measure_outbox, sizes, summary, note)
     if args.only in (None, "memory"):
         section_memory(sizes, summary, note)
-    if args.profile:
-        print(f"== 9. cProfile of deliver_pending() over {sizes['profile']:,} rows")
+    if args.only in (None, "fire_overhead"):
+        section_fire_overhead(measure, sizes, summary, note, args.profile)
+    if args.profile and args.only != "fire_overhead":
+        print(f"== 10. cProfile of deliver_pending() over {sizes['profile']:,} rows")
         print(measure.profile_ours(sizes["profile"]))
     elif verdict == "MISS":
         print("(ratio below target: run with --profile for the hot spots)")
