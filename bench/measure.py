@@ -285,7 +285,7 @@ def _seed_event(n: int, now: datetime, cls: type = Tick) -> EventRecord:
 def _seed_deliveries(record: EventRecord, cls: type = Tick) -> list[DeliveryRecord]:
     """The delivery rows ``fire()`` writes for ``record``, built by fire()'s own code."""
     evt = cls(n=record.payload["n"])
-    receivers = registry.receivers_for(cls)
+    receivers = [r for r in registry.receivers_for(cls) if r.durable]
     built = _call_builder(
         "_delivery_rows",
         record=record,
@@ -294,7 +294,12 @@ def _seed_deliveries(record: EventRecord, cls: type = Tick) -> list[DeliveryReco
         alias=router.db_for_write(DeliveryRecord),
     )
     if built is not None:
-        return built
+        # fire() builds plain tuples of values; its ORM path turns them into model rows.
+        as_model = getattr(fire_module, "delivery_record", None)
+        return [
+            row if isinstance(row, DeliveryRecord) or as_model is None else as_model(record.pk, row)
+            for row in built
+        ]
     return [
         DeliveryRecord(
             event_id=record.pk,
