@@ -286,7 +286,7 @@ def _seed_event(n: int, now: datetime, cls: type = Tick) -> EventRecord:
 def _seed_deliveries(record: EventRecord, cls: type = Tick) -> list[DeliveryRecord]:
     """The delivery rows ``fire()`` writes for ``record``, built by fire()'s own code."""
     evt = cls(n=record.payload["n"])
-    receivers = registry.receivers_for(cls)
+    receivers = [r for r in registry.receivers_for(cls) if r.durable]
     built = _call_builder(
         "_delivery_rows",
         record=record,
@@ -295,7 +295,12 @@ def _seed_deliveries(record: EventRecord, cls: type = Tick) -> list[DeliveryReco
         alias=router.db_for_write(DeliveryRecord),
     )
     if built is not None:
-        return built
+        # fire() builds plain tuples of values; its ORM path turns them into model rows.
+        as_model = getattr(fire_module, "delivery_record", None)
+        return [
+            row if isinstance(row, DeliveryRecord) or as_model is None else as_model(record.pk, row)
+            for row in built
+        ]
     return [
         DeliveryRecord(
             event_id=record.pk,
@@ -778,3 +783,128 @@ def group_rates(count: int, rounds: int) -> tuple[float, float]:
                     raw.append(count / (time.perf_counter() - started))
     reset_tables()
     return statistics.median(ours), statistics.median(raw)
+
+
+# ---------------------------------------------------------------- 11. fire() overhead
+
+FAN_OUT = 50
+FIRE_OVERHEAD_CASES: dict[str, dict[str, dict[str, Any]]] = {
+    # case -> the receivers of Tick declared for its rounds
+    "one": {"bench.over_one": {}},
+    "fan": {"bench.over_fan": {"targets": lambda evt, ctx: [str(i) for i in range(FAN_OUT)]}},
+}
+
+
+@dataclass
+class OverheadResult:
+    """Seconds per call, one figure per round, for the baseline and each fire() case."""
+
+    calls: int
+    per_round: dict[str, list[float]] = field(default_factory=dict)
+    background: str = ""
+
+    def median(self, case: str) -> float:
+        values = sorted(self.per_round[case])
+        middle = len(values) // 2
+        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+    def over_baseline(self, case: str) -> float:
+        """Median seconds per call of ``case`` minus the baseline's."""
+        return self.median(case) - self.median("baseline")
+
+    def paired(self, case: str) -> float:
+        """Median over rounds of (case - baseline): a cross-check less moved by drift."""
+        diffs = sorted(
+            a - b for a, b in zip(self.per_round[case], self.per_round["baseline"], strict=True)
+        )
+        middle = len(diffs) // 2
+        return diffs[middle] if len(diffs) % 2 else (diffs[middle - 1] + diffs[middle]) / 2
+
+
+def _baseline_round(calls: int) -> float:
+    """``calls`` transactions each holding one plain ORM insert of an event-like row."""
+    started = time.perf_counter()
+    for n in range(calls):
+        with transaction.atomic():
+            now = timezone.now()
+            EventRecord.objects.create(
+                name="bench.Tick",
+                payload={"n": n},
+                occurred_at=now,
+                recorded_at=now,
+                correlation_id=uuid.uuid4().hex,
+            )
+    elapsed = time.perf_counter() - started
+    if EventRecord.objects.count() != calls or DeliveryRecord.objects.exists():
+        raise RuntimeError("fire overhead baseline: the round did not write its rows")
+    return elapsed / calls
+
+
+def _fire_round(case: str, calls: int) -> float:
+    """``calls`` fires, each in its own transaction, with the case's receivers declared."""
+    per_event = FAN_OUT if case == "fan" else 1
+    with declared(FIRE_OVERHEAD_CASES[case]):
+        with transaction.atomic():  # the first fire after declaring builds the class's cache
+            fire(Tick(n=-1))
+        reset_tables()
+        started = time.perf_counter()
+        for n in range(calls):
+            with transaction.atomic():
+                fire(Tick(n=n))
+        elapsed = time.perf_counter() - started
+    written = DeliveryRecord.objects.count()
+    if EventRecord.objects.count() != calls or written != calls * per_event:
+        raise RuntimeError(
+            f"fire overhead ({case}): {EventRecord.objects.count()} events and {written} rows "
+            f"written; expected {calls} and {calls * per_event}"
+        )
+    return elapsed / calls
+
+
+def fire_overhead(rounds: int, calls: int) -> OverheadResult:
+    """Baseline and fire() rounds in alternation (base, one, fan, then fan, one, base,
+    ...), each from empty tables, so that all three see the same background load."""
+    result = OverheadResult(calls, {"baseline": [], "one": [], "fan": []})
+    steps: list[tuple[str, Callable[[], float]]] = [
+        ("baseline", lambda: _baseline_round(calls)),
+        ("one", lambda: _fire_round("one", calls)),
+        ("fan", lambda: _fire_round("fan", calls)),
+    ]
+    for _, step in steps:  # warm-up: imports, codec compilation, connection, caches
+        reset_tables()
+        step()
+    with BackgroundLoad() as load:
+        for index in range(rounds):
+            for case, step in steps if index % 2 == 0 else steps[::-1]:
+                reset_tables()
+                settle_database()
+                result.per_round[case].append(step())
+    reset_tables()
+    result.background = load.summary()
+    return result
+
+
+def profile_fire(case: str, calls: int, top: int = 25) -> str:
+    """cProfile of ``calls`` fires of ``case``: the top entries by own time, per call."""
+    with declared(FIRE_OVERHEAD_CASES[case]):
+        reset_tables()
+        with transaction.atomic():
+            fire(Tick(n=-1))
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for n in range(calls):
+            with transaction.atomic():
+                fire(Tick(n=n))
+        profiler.disable()
+    reset_tables()
+    stats = pstats.Stats(profiler, stream=io.StringIO())
+    rows = []
+    for (filename, line, name), (_cc, ncalls, tottime, cumtime, _callers) in stats.stats.items():
+        rows.append((tottime, cumtime, ncalls, f"{_short_path(filename)}:{line}({name})"))
+    out = [f"{'own us/call':>11} {'cum us/call':>11} {'calls/call':>10}  function ({case})"]
+    for tottime, cumtime, ncalls, label in sorted(rows, reverse=True)[:top]:
+        out.append(
+            f"{tottime * 1e6 / calls:11.1f} {cumtime * 1e6 / calls:11.1f} "
+            f"{ncalls / calls:10.2f}  {label}"
+        )
+    return "\n".join(out)

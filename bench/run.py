@@ -3,7 +3,8 @@
     .venv/bin/python bench/run.py            full run (about four minutes)
     .venv/bin/python bench/run.py --quick    a tenth of the sizes: a smoke run
     .venv/bin/python bench/run.py --profile  also cProfile a 2,000-row drain
-    .venv/bin/python bench/run.py --only fire|delivery|...|memory|concurrency
+    .venv/bin/python bench/run.py --only fire|delivery|breakdown|relay|claim|scheduled
+    .venv/bin/python bench/run.py --only memory|concurrency|group|fire_overhead [--profile]
 
 Targets are reported (PASS/MISS), not asserted: the exit status is 0 unless something
 failed (no database, a drain that did not deliver every row, ...).
@@ -34,6 +35,8 @@ TARGET_CONCURRENCY_16 = 12.0  # 50 ms receivers: --concurrency 16 over --concurr
 TARGET_CONCURRENCY_2X16 = 20.0  # two relays with --concurrency 16 over one with 1
 TARGET_GROUP_RATE = 5_000.0  # ack="batch" no-op deliveries/s
 TARGET_GROUP_RATIO = 0.25  # ... over the raw group-commit loop
+TARGET_FIRE_OVERHEAD_MS = 0.5  # fire() with one receiver, over one plain ORM insert
+TARGET_FAN_OUT_ROW_US = 50.0  # a 50-target fire() over the baseline, per delivery row
 
 FULL_SIZES = {
     # 11,000 events in all: at ~3-6 ms a commit on this machine, 20,000 would not fit the
@@ -59,6 +62,8 @@ FULL_SIZES = {
     "slow_rows_wide": 1_600,  # ... and for the concurrent relays
     "group_rows": 5_000,  # section 10: rows per round, ack="batch" and the raw loop
     "group_rounds": 6,
+    "overhead_rounds": 10,  # section 11: alternating rounds of baseline, 1 receiver, fan-out
+    "overhead_calls": 200,  # ... of this many transactions each
 }
 # --quick divides every size by ten, but never below these.
 QUICK_FLOOR = {
@@ -69,6 +74,8 @@ QUICK_FLOOR = {
     "slow_rows": 40,
     "slow_rows_wide": 320,
     "group_rounds": 2,
+    "overhead_rounds": 4,
+    "overhead_calls": 50,
 }
 
 
@@ -594,6 +601,60 @@ def section_group(measure: Any, sizes: dict[str, int], summary: Summary, note: s
     ]
 
 
+def section_fire_overhead(
+    measure: Any, sizes: dict[str, int], summary: Summary, note: str, profile: bool
+) -> None:
+    rounds, calls = sizes["overhead_rounds"], sizes["overhead_calls"]
+    fan = measure.FAN_OUT
+    print(
+        f"== 11. fire() overhead: {rounds} alternating rounds (baseline, one, fan-out, then "
+        f"back) of {calls} transactions each; baseline = transaction.atomic() around one "
+        f"EventRecord.objects.create(); one = fire() with 1 durable receiver; fan-out = "
+        f"fire() with a {fan}-target receiver; medians of the rounds' per-call times{note}"
+    )
+    result = measure.fire_overhead(rounds, calls)
+    for case, label in (("baseline", "baseline"), ("one", "fire, 1 receiver"), ("fan", "fan")):
+        if case == "fan":
+            label = f"fire, {fan}-target fan-out"
+        figure(f"{label}: ms/call (median)", result.median(case) * 1000, "ms", ".3f")
+    one_ms = result.over_baseline("one") * 1000
+    fan_us = result.over_baseline("fan") * 1e6 / fan
+    one_verdict = verdict_of(one_ms <= TARGET_FIRE_OVERHEAD_MS)
+    fan_verdict = verdict_of(fan_us <= TARGET_FAN_OUT_ROW_US)
+    figure(
+        "fire, 1 receiver, over baseline",
+        one_ms,
+        f"ms, target <= {TARGET_FIRE_OVERHEAD_MS}: {one_verdict}",
+        ".3f",
+    )
+    figure("  paired (median of per-round differences)", result.paired("one") * 1000, "ms", ".3f")
+    figure(
+        f"fire, {fan}-target fan-out, over baseline, per row",
+        fan_us,
+        f"us, target <= {TARGET_FAN_OUT_ROW_US:.0f}: {fan_verdict}",
+        ".1f",
+    )
+    figure("  paired, per row", result.paired("fan") * 1e6 / fan, "us", ".1f")
+    print(f"  background: {result.background}")
+    if profile:
+        for case in ("one", "fan"):
+            print(measure.profile_fire(case, calls))
+    summary += [
+        (
+            "fire() 1 receiver over baseline",
+            f"{one_ms:.3f} ms",
+            f"<= {TARGET_FIRE_OVERHEAD_MS}",
+            one_verdict,
+        ),
+        (
+            f"fire() {fan}-target fan-out, per row",
+            f"{fan_us:.1f} us",
+            f"<= {TARGET_FAN_OUT_ROW_US:.0f}",
+            fan_verdict,
+        ),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the sizes")
@@ -610,9 +671,11 @@ def main(argv: list[str] | None = None) -> int:
             "memory",
             "concurrency",
             "group",
+            "fire_overhead",
         ],
         help="run one part: fire (1.), delivery (2. and 3.), breakdown (4.), relay (5.), "
-        "claim (6.), scheduled (7.), memory (8.), concurrency (9.) or group (10.)",
+        "claim (6.), scheduled (7.), memory (8.), concurrency (9.), group (10.) or "
+        "fire_overhead (11.)",
     )
     args = parser.parse_args(argv)
     scale = 10 if args.quick else 1
@@ -652,8 +715,10 @@ def main(argv: list[str] | None = None) -> int:
         section_concurrency(sizes, summary, note)
     if args.only in (None, "group"):
         section_group(measure, sizes, summary, note)
-    if args.profile:
-        print(f"== 11. cProfile of deliver_pending() over {sizes['profile']:,} rows")
+    if args.only in (None, "fire_overhead"):
+        section_fire_overhead(measure, sizes, summary, note, args.profile)
+    if args.profile and args.only != "fire_overhead":
+        print(f"== 12. cProfile of deliver_pending() over {sizes['profile']:,} rows")
         print(measure.profile_ours(sizes["profile"]))
     elif verdict == "MISS":
         print("(ratio below target: run with --profile for the hot spots)")

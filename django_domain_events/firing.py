@@ -1,10 +1,16 @@
 """``fire()``: record an event and the deliveries it owes, inside the caller's transaction.
 
-The path of one event: encode the payload, write the event row, resolve each durable
-receiver's rows (targets, due time, lifetime) and write them all in one multi-row
-insert, run the ``INLINE`` receivers, and register what runs after commit (``ON_COMMIT``
+The path of one event: encode the payload, resolve each durable receiver's rows (due
+time, lifetime, targets) as plain tuples, write the event row and all its delivery rows,
+run the ``INLINE`` receivers, and register what runs after commit (``ON_COMMIT``
 receivers, eager attempts, one relay wake-up). Anything that raises before the caller
 commits rolls the whole change back: the event exists if and only if it committed.
+
+On PostgreSQL the event row and its delivery rows are one statement, one round trip
+(``_PgInsert``). Elsewhere the ORM writes them: one ``INSERT`` for the event, one
+multi-row ``INSERT`` for the deliveries. What the registry can answer about an event
+class (its receivers by mode, the eager ones, whether rows need user code) is worked
+out once per class (``_Plan``), not on every call.
 """
 
 from __future__ import annotations
@@ -12,11 +18,14 @@ from __future__ import annotations
 import logging
 import uuid
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
+from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import clock, conf, tally
 from .codec import encode_event, text_problem
@@ -54,13 +63,8 @@ def fire(
     second fire of the same event name and key returns the first event's id and writes
     nothing.
     """
-    registered = registry.event_for_class(type(evt))
-    if registered is None:
-        raise TypeError(
-            f"fire() takes an instance of an @event class, and {type(evt).__qualname__} is "
-            "not one; decorate it with @event."
-        )
-    _check_dedupe_key(registered, dedupe_key)
+    plan = _plan_for(type(evt))
+    _check_dedupe_key(plan.event, dedupe_key)
     suppression = suppression_for(type(evt))
     if suppression is not None and not suppression[1]:
         return None
@@ -68,28 +72,90 @@ def fire(
     alias = database_alias()
     if settings.WARN_OUTSIDE_ATOMIC and not connections[alias].in_atomic_block:
         warnings.warn(
-            f"fire({registered.name}) outside transaction.atomic(): the event commits on "
+            f"fire({plan.event.name}) outside transaction.atomic(): the event commits on "
             "its own, apart from the change it records. Wrap both in atomic().",
             OutsideAtomicWarning,
             stacklevel=2,
         )
     recorded_at = clock.now()
     occurred = clock.accept(occurred_at, what="fire(occurred_at=)") if occurred_at else recorded_at
-    record = _event_row(registered, evt, occurred, recorded_at, dedupe_key, suppression, alias)
+    record = _event_row(plan.event, evt, occurred, recorded_at, dedupe_key, suppression, alias)
+    durable = () if suppression is not None else plan.durable
+    # Rows that need no user code are known now, and go out with the event row: one
+    # statement on PostgreSQL. targets= and due= callables run once the event row exists,
+    # as they always have: they are given its id, and a duplicate must not run them.
+    rows = [] if plan.calls_user_code else _delivery_rows(record, evt, durable)
     with transaction.atomic(using=alias, savepoint=False):
-        existing = _insert_event(alias, record)
+        existing, eager_ids = _insert_event(alias, record, rows, plan.eager_keys)
         if existing is not None:
             return existing
         if suppression is not None:
             return record.pk
-        receivers = registry.receivers_for(type(evt))
-        rows = _delivery_rows(record, evt, receivers)
-        if rows:
-            DeliveryRecord.objects.using(alias).bulk_create(rows)
+        if plan.calls_user_code:
+            rows = _delivery_rows(record, evt, durable)
+            eager_ids = _insert_deliveries(alias, record.pk, rows, plan.eager_keys)
+        if plan.scheduled and rows:
             tally.record(alias, entered=[(row.receiver_key, row.due_at) for row in rows])
-        _run_inline(record, evt, receivers)
-        _after_commit(alias, record, evt, receivers, rows)
+        for receiver in plan.inline:
+            with caused_by(record.pk, record.correlation_id):
+                call_receiver(receiver, evt, inline_context(record, receiver))
+        for receiver in plan.on_commit:
+            transaction.on_commit(partial(_run_on_commit, record, evt, receiver), using=alias)
+        if eager_ids:
+            transaction.on_commit(partial(_attempt_eagerly, eager_ids), using=alias)
+        if rows:
+            wake_after_commit(alias)
     return record.pk
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What ``fire()`` needs to know about an event class's receivers, worked out once.
+
+    Rebuilt when the registry's answer for the class changes (a receiver declared or
+    forgotten), which ``_plan_for`` notices by identity.
+    """
+
+    event: RegisteredEvent
+    receivers: tuple[RegisteredReceiver, ...]
+    durable: tuple[RegisteredReceiver, ...]
+    inline: tuple[RegisteredReceiver, ...]
+    on_commit: tuple[RegisteredReceiver, ...]
+    eager_keys: tuple[str, ...]
+    calls_user_code: bool  # a durable receiver's rows need a targets= or due= callable
+    scheduled: bool  # a due= receiver: rows may fall in a later hour, for the tally
+
+
+_plans: dict[type, _Plan] = {}
+
+
+def _plan_for(cls: type) -> _Plan:
+    registered = registry.event_for_class(cls)
+    if registered is None:
+        raise TypeError(
+            f"fire() takes an instance of an @event class, and {cls.__qualname__} is "
+            "not one; decorate it with @event."
+        )
+    receivers = registry.receivers_for(cls)
+    plan = _plans.get(cls)
+    if plan is not None and plan.receivers is receivers and plan.event is registered:
+        return plan
+    durable = tuple(r for r in receivers if r.mode is DURABLE)
+    plan = _Plan(
+        event=registered,
+        receivers=receivers,
+        durable=durable,
+        inline=tuple(r for r in receivers if r.mode is INLINE),
+        on_commit=tuple(r for r in receivers if r.mode is ON_COMMIT),
+        eager_keys=tuple(r.key for r in durable if r.eager),
+        calls_user_code=any(
+            r.targets is not None or (r.due is not None and not isinstance(r.due, timedelta))
+            for r in durable
+        ),
+        scheduled=any(r.due is not None for r in durable),
+    )
+    _plans[cls] = plan
+    return plan
 
 
 def _check_dedupe_key(registered: RegisteredEvent, dedupe_key: str | None) -> None:
@@ -160,25 +226,203 @@ def _correlation(alias: str, cause: Cause | None) -> str:
     return causing or str(cause.event_id)
 
 
-def _insert_event(alias: str, record: EventRecord) -> int | None:
-    """Write the event row; the id of the first event when the dedupe key is taken."""
+class _Row(NamedTuple):
+    """One delivery row's own values; every other column starts at its default."""
+
+    receiver_key: str
+    target: str
+    max_attempts: int | None
+    due_at: datetime  # also its available_at
+    expires_at: datetime | None
+
+
+def _insert_event(
+    alias: str, record: EventRecord, rows: Sequence[_Row], eager_keys: Sequence[str]
+) -> tuple[int | None, list[int]]:
+    """Write the event row and ``rows``; return ``(first event's id, None)`` when the dedupe
+    key is taken (nothing written), else ``(None, the ids of the eager rows)``."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        written = _PgInsert.get(connection).event(connection, record, rows, eager_keys)
+        if written is None:
+            return _first_with_key(alias, record), []
+        record.pk, eager_ids = written
+        record._state.adding, record._state.db = False, alias
+        return None, eager_ids
     if record.dedupe_key is None:
         record.save(using=alias, force_insert=True)
-        return None
-    try:
-        with transaction.atomic(using=alias):  # a savepoint: the key may be taken
-            record.save(using=alias, force_insert=True)
-    except IntegrityError:
-        first = (
-            EventRecord.objects.using(alias)
-            .filter(name=record.name, dedupe_key=record.dedupe_key)
-            .values_list("pk", flat=True)
-            .first()
+    else:
+        try:
+            with transaction.atomic(using=alias):  # a savepoint: the key may be taken
+                record.save(using=alias, force_insert=True)
+        except IntegrityError:
+            return _first_with_key(alias, record), []
+    return None, _insert_deliveries(alias, record.pk, rows, eager_keys)
+
+
+def _first_with_key(alias: str, record: EventRecord) -> int:
+    """The id of the event that already holds ``record``'s name and dedupe key."""
+    first = (
+        EventRecord.objects.using(alias)
+        .filter(name=record.name, dedupe_key=record.dedupe_key)
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if first is None:  # taken by a transaction this one cannot see: let the caller retry
+        raise IntegrityError(
+            f"fire({record.name}, dedupe_key={record.dedupe_key!r}): the key is taken by an "
+            "event this transaction cannot see."
         )
-        if first is None:
-            raise
-        return first
-    return None
+    return first
+
+
+def _insert_deliveries(
+    alias: str, event_id: int, rows: Sequence[_Row], eager_keys: Sequence[str]
+) -> list[int]:
+    """Write ``rows`` for the event in one statement; the ids of the eager ones, in order."""
+    if not rows:
+        return []
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        return _PgInsert.get(connection).deliveries(connection, event_id, rows, eager_keys)
+    created = DeliveryRecord.objects.using(alias).bulk_create(
+        [delivery_record(event_id, row) for row in rows]
+    )
+    # MySQL cannot return the ids of a multi-row insert: no eager attempt there.
+    return [d.pk for d in created if d.pk is not None and d.receiver_key in eager_keys]
+
+
+def delivery_record(event_id: int, row: _Row) -> DeliveryRecord:
+    """``row`` as an unsaved model instance: the ORM path, and the benchmark's seeding."""
+    return DeliveryRecord(
+        event_id=event_id,
+        receiver_key=row.receiver_key,
+        target=row.target,
+        status=DeliveryStatus.PENDING,
+        max_attempts=row.max_attempts,
+        available_at=row.due_at,
+        due_at=row.due_at,
+        expires_at=row.expires_at,
+    )
+
+
+class _PgInsert:
+    """The statements that write an event and its deliveries on PostgreSQL, built once.
+
+    The event and all its rows are one statement, a data-modifying CTE:
+
+        WITH e AS (INSERT INTO event (...) VALUES (...)
+                   ON CONFLICT (name, dedupe_key) DO NOTHING RETURNING id),
+             d AS (INSERT INTO delivery (...) SELECT e.id, v.*, <defaults>
+                   FROM e, unnest(%s::varchar[], ...) AS v (...) RETURNING id, receiver_key)
+        SELECT e.id, ARRAY(SELECT d.id FROM d WHERE receiver_key = ANY(<eager keys>)) FROM e
+
+    The rows travel as one array per column, not as ``VALUES`` tuples: the SQL text is
+    the same for any number of rows (nothing to build per call, one shape for the server
+    and for ``pg_stat_statements``), and no fan-out can reach the 65,535-parameter limit.
+    ``ON CONFLICT DO NOTHING`` finds a taken dedupe key without a savepoint: the
+    statement then writes nothing and returns no row. (A null key never conflicts.)
+    """
+
+    _built: _PgInsert | None = None
+
+    @classmethod
+    def get(cls, connection: BaseDatabaseWrapper) -> _PgInsert:
+        if cls._built is None:
+            cls._built = cls(connection)
+        return cls._built
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        quote = connection.ops.quote_name
+        self.event_fields = [f for f in EventRecord._meta.concrete_fields if not f.primary_key]
+        values = ", ".join(["%s"] * len(self.event_fields))
+        insert_event = (
+            f"INSERT INTO {quote(EventRecord._meta.db_table)} "
+            f"({', '.join(quote(f.column) for f in self.event_fields)}) VALUES ({values}) "
+            f"ON CONFLICT ({quote('name')}, {quote('dedupe_key')}) DO NOTHING RETURNING id"
+        )
+        # Each delivery column: the event's id, a value of the row, or the column default.
+        given = {
+            "receiver_key": "v.receiver_key",
+            "target": "v.target",
+            "max_attempts": "v.max_attempts",
+            "available_at": "v.due_at",
+            "due_at": "v.due_at",
+            "expires_at": "v.expires_at",
+        }
+        columns, select, self.defaults = [], [], []
+        for f in DeliveryRecord._meta.concrete_fields:
+            if f.primary_key:
+                continue
+            columns.append(quote(f.column))
+            if f.name == "event":
+                select.append("{event_id}")
+            elif f.name in given:
+                select.append(given[f.name])
+            else:
+                select.append(f"CAST(%s AS {_cast_type(f, connection)})")
+                self.defaults.append(f.get_db_prep_save(f.get_default(), connection))
+        arrays = ", ".join(
+            f"%s::{_cast_type(DeliveryRecord._meta.get_field(name), connection)}[]"
+            for name in _Row._fields
+        )
+        insert_rows = (
+            f"INSERT INTO {quote(DeliveryRecord._meta.db_table)} ({', '.join(columns)}) "
+            f"SELECT {', '.join(select)} FROM {{source}}unnest({arrays}) "
+            f"AS v ({', '.join(_Row._fields)}) RETURNING id, receiver_key"
+        )
+        eager = "ARRAY(SELECT d.id FROM d WHERE d.receiver_key = ANY(%s::varchar[]) ORDER BY d.id)"
+        self.event_sql = (
+            f"WITH e AS ({insert_event}), "
+            f"d AS ({insert_rows.format(event_id='e.id', source='e, ')}) "
+            f"SELECT e.id, {eager} FROM e"
+        )
+        self.deliveries_sql = (
+            f"WITH d AS ({insert_rows.format(event_id='%s', source='')}) SELECT {eager}"
+        )
+
+    def event(
+        self,
+        connection: BaseDatabaseWrapper,
+        record: EventRecord,
+        rows: Sequence[_Row],
+        eager_keys: Sequence[str],
+    ) -> tuple[int, list[int]] | None:
+        """``(event id, eager row ids)``, or None when the dedupe key is taken."""
+        params = [
+            f.get_db_prep_save(getattr(record, f.attname), connection) for f in self.event_fields
+        ]
+        params += self.defaults
+        params += _columns(rows)
+        params.append(list(eager_keys))
+        with connection.cursor() as cursor:
+            cursor.execute(self.event_sql, params)
+            found = cursor.fetchone()
+        return None if found is None else (found[0], found[1])
+
+    def deliveries(
+        self,
+        connection: BaseDatabaseWrapper,
+        event_id: int,
+        rows: Sequence[_Row],
+        eager_keys: Sequence[str],
+    ) -> list[int]:
+        params = [event_id, *self.defaults, *_columns(rows), list(eager_keys)]
+        with connection.cursor() as cursor:
+            cursor.execute(self.deliveries_sql, params)
+            return list(cursor.fetchone()[0])
+
+
+def _columns(rows: Sequence[_Row]) -> list[list[Any]]:
+    """``rows`` turned into one list per column, in ``_Row`` order: the unnest arrays."""
+    if not rows:
+        return [[] for _ in _Row._fields]
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+def _cast_type(field: Any, connection: BaseDatabaseWrapper) -> str:
+    """The column's type without its length (``varchar``, not ``varchar(255)``)."""
+    return str(field.db_type(connection)).split("(")[0]
 
 
 def inline_context(
@@ -248,56 +492,15 @@ def resolve_due(
 
 def _delivery_rows(
     record: EventRecord, evt: object, receivers: Iterable[RegisteredReceiver]
-) -> list[DeliveryRecord]:
+) -> list[_Row]:
+    """The rows the durable ``receivers`` are owed, as plain tuples (no model instances)."""
     rows = []
     for receiver in receivers:
-        if receiver.mode is not DURABLE:
-            continue
         due_at = resolve_due(receiver, evt, record.occurred_at, record.recorded_at)
         expires_at = receiver_lifetime_end(receiver, due_at)
         for target in resolve_targets(record, evt, receiver):
-            rows.append(
-                DeliveryRecord(
-                    event_id=record.pk,
-                    receiver_key=receiver.key,
-                    target=target,
-                    status=DeliveryStatus.PENDING,
-                    max_attempts=receiver.max_attempts,
-                    available_at=due_at,
-                    due_at=due_at,
-                    expires_at=expires_at,
-                )
-            )
+            rows.append(_Row(receiver.key, target, receiver.max_attempts, due_at, expires_at))
     return rows
-
-
-def _run_inline(record: EventRecord, evt: object, receivers: Iterable[RegisteredReceiver]) -> None:
-    for receiver in receivers:
-        if receiver.mode is INLINE:
-            with caused_by(record.pk, record.correlation_id):
-                call_receiver(receiver, evt, inline_context(record, receiver))
-
-
-def _after_commit(
-    alias: str,
-    record: EventRecord,
-    evt: object,
-    receivers: Iterable[RegisteredReceiver],
-    rows: list[DeliveryRecord],
-) -> None:
-    for receiver in receivers:
-        if receiver.mode is ON_COMMIT:
-            transaction.on_commit(partial(_run_on_commit, record, evt, receiver), using=alias)
-    eager = [row.pk for row in rows if row.pk is not None and _is_eager(row.receiver_key)]
-    if eager:
-        transaction.on_commit(lambda: _attempt_eagerly(eager), using=alias)
-    if rows:
-        wake_after_commit(alias)
-
-
-def _is_eager(key: str) -> bool:
-    receiver = registry.receiver(key)
-    return receiver is not None and receiver.eager
 
 
 def _run_on_commit(record: EventRecord, evt: object, receiver: RegisteredReceiver) -> None:
