@@ -202,7 +202,11 @@ WITH picked AS (
         lease_expires_at = %(lease_end)s,
         available_at = %(lease_end)s,
         claim_position = n.position,
-        attempts = CASE WHEN n.charged THEN d.attempts + 1 ELSE d.attempts END
+        -- never past the budget: a row already spent is dead-lettered unrun, uncharged
+        attempts = CASE
+            WHEN n.charged AND (d.max_attempts IS NULL OR d.attempts < d.max_attempts)
+            THEN d.attempts + 1 ELSE d.attempts
+        END
     FROM numbered AS n
     WHERE d.id = n.id
     RETURNING d.id, d.event_id, d.receiver_key, d.target, d.attempts, d.max_attempts,
@@ -337,7 +341,10 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
     # attempts first: MySQL evaluates assignments left to right, on the new values.
     _owed_rows(alias, replace(args, ids=picked)).update(
         attempts=Case(
-            When(id__in=charged, then=F("attempts") + 1),
+            When(
+                Q(id__in=charged) & (Q(max_attempts=None) | Q(attempts__lt=F("max_attempts"))),
+                then=F("attempts") + 1,
+            ),
             default=F("attempts"),
             output_field=PositiveIntegerField(),
         ),
