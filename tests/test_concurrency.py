@@ -129,24 +129,15 @@ def test_concurrency_is_refused_on_sqlite_and_out_of_range_everywhere() -> None:
 
 @needs_server
 def test_sigterm_finishes_the_rows_in_hand_and_hands_back_the_rest() -> None:
-    import json
     import signal
-    import tempfile
-    from pathlib import Path
 
     from tests.conftest import start_child, wait_for
-    from tests.procs.receivers import RUN_LOG_KEY, declare_run_logger
+    from tests.procs.receivers import RUN_LOG_KEY, declare_run_logger, run_log_relay_env
 
     declare_run_logger()
     for n in range(20):
         fire_one(Pinged(n=n))
-    log = Path(tempfile.mkdtemp()) / "runs"
-    env = {
-        "DDE_RECEIVERS": "run_log",
-        "DDE_RUN_LOG": str(log),
-        "DDE_SLOW_SECONDS": "0.5",
-        "DDE_SETTINGS_JSON": json.dumps({"POLL_SECONDS": 0.1}),
-    }
+    log, env = run_log_relay_env(0.5, POLL_SECONDS=0.1)
     relay = start_child("relay", "--concurrency", "4", env=env)
     rows = DeliveryRecord.objects.filter(receiver_key=RUN_LOG_KEY)
     wait_for(lambda: log.exists() and len(log.read_text().split()) >= 4, 30, "4 rows running")

@@ -7,13 +7,10 @@ not only recorded once.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 from django.db import connection, transaction
@@ -23,7 +20,7 @@ from django_domain_events.delivery.wake import Listener
 from django_domain_events.models import DeliveryRecord
 from tests.app.events import Pinged
 from tests.conftest import needs_postgresql, start_child, wait_for
-from tests.procs.receivers import RUN_LOG_KEY, declare_run_logger
+from tests.procs.receivers import RUN_LOG_KEY, declare_run_logger, run_log_relay_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql]
 
@@ -41,13 +38,7 @@ def test_d1_two_relays_with_a_short_lease_run_every_row_of_a_long_batch_once() -
     with transaction.atomic():
         for n in range(6):
             fire(Pinged(n=n))
-    log = Path(tempfile.mkdtemp()) / "runs"
-    env = {
-        "DDE_RECEIVERS": "run_log",
-        "DDE_RUN_LOG": str(log),
-        "DDE_SLOW_SECONDS": "0.6",
-        "DDE_SETTINGS_JSON": json.dumps({"LEASE_SECONDS": 1, "POLL_SECONDS": 0.1}),
-    }
+    log, env = run_log_relay_env(0.6, LEASE_SECONDS=1, POLL_SECONDS=0.1)
     first = start_child("relay", "--batch-size", "6", env=env)
     rows = DeliveryRecord.objects.filter(receiver_key=RUN_LOG_KEY)
     wait_for(lambda: rows.filter(status=DeliveryStatus.CLAIMED).count() == 6, 30, "the claim")

@@ -262,6 +262,14 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
+    return _claims(rows, args)
+
+
+def _claims(rows: Sequence[Sequence[Any]], args: _ClaimArgs) -> list[Claim]:
+    """Claims from the rows both claims select, in one column order: the delivery's id,
+    event_id, receiver_key, target, attempts, max_attempts, due_at, expires_at, the
+    event's name, version, payload (None when too large), occurred_at, actor_key,
+    actor_label, scope, correlation_id, and the delivery's last_error."""
     return [
         Claim(
             id=row[0],
@@ -443,31 +451,7 @@ def _held(alias: str, args: _ClaimArgs) -> list[Claim]:
         )
         .order_by("id")[: args.limit]
     )
-    return [
-        Claim(
-            id=row[0],
-            event_id=row[1],
-            receiver_key=row[2],
-            target=row[3],
-            attempts=row[4],
-            max_attempts=row[5],
-            due_at=row[6],
-            expires_at=row[7],
-            claimed_by=args.worker_id,
-            claimed_at=args.now,
-            lease_expires_at=args.lease_end,
-            event_name=row[8],
-            event_version=row[9],
-            payload=row[10],
-            occurred_at=row[11],
-            actor_key=row[12],
-            actor_label=row[13],
-            scope=row[14],
-            correlation_id=row[15],
-            last_error=row[16],
-        )
-        for row in rows
-    ]
+    return _claims(list(rows), args)
 
 
 def release(claims: Sequence[Claim], *, now: datetime | None = None) -> int:

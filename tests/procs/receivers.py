@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 import time
 from datetime import timedelta
+from pathlib import Path
 
 from django_domain_events import DeliveryContext, receiver
 from tests.app.events import OrderPlaced, Pinged
@@ -44,6 +47,18 @@ def log_run(evt: object, ctx: DeliveryContext) -> None:
 
 def declare_run_logger() -> None:
     receiver(Pinged, key=RUN_LOG_KEY, takes_context=True)(log_run)
+
+
+def run_log_relay_env(slow: float, **settings: object) -> tuple[Path, dict[str, str]]:
+    """A fresh run log, and the environment of a relay child running only the run logger
+    (each run ``slow`` seconds) with these package settings."""
+    log = Path(tempfile.mkdtemp()) / "runs"
+    return log, {
+        "DDE_RECEIVERS": "run_log",
+        "DDE_RUN_LOG": str(log),
+        "DDE_SLOW_SECONDS": str(slow),
+        "DDE_SETTINGS_JSON": json.dumps(settings),
+    }
 
 
 def declare_recorder() -> None:
