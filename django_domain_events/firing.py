@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from django.db import IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from . import clock, conf, tally
+from . import clock, conf, signals, tally
 from .codec import encode_event, text_problem
 from .declare import (
     DURABLE,
@@ -105,7 +105,20 @@ def fire(
             transaction.on_commit(partial(_attempt_eagerly, eager_ids), using=alias)
         if rows:
             wake_after_commit(alias)
+        if signals.event_recorded.has_listeners(type(evt)):
+            recorded = partial(_send_recorded, record, evt, len(rows))
+            transaction.on_commit(recorded, using=alias)
     return record.pk
+
+
+def _send_recorded(record: EventRecord, evt: object, deliveries: int) -> None:
+    signals.event_recorded.send(
+        sender=type(evt),
+        event_id=record.pk,
+        event_name=record.name,
+        event=evt,
+        deliveries=deliveries,
+    )
 
 
 @dataclass(frozen=True)

@@ -283,7 +283,7 @@ def test_an_on_failure_hook_that_raises_is_logged_and_swallowed(
     assert "pager down" in caplog.text
 
 
-def test_every_recorded_failure_is_one_warning_line_without_traceback(
+def test_every_recorded_failure_is_one_line_a_dead_letter_at_error_with_its_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     receiver(OrderPlaced, key="t.log", max_attempts=2)(
@@ -295,9 +295,11 @@ def test_every_recorded_failure_is_one_warning_line_without_traceback(
     lines = [r for r in caplog.records if r.name.startswith("django_domain_events.delivery")]
     assert len(lines) == 2
     row = row_for(event_id)
-    for record, (number, status) in zip(lines, [(1, "failed"), (2, "dead")], strict=True):
+    levels = [(1, "failed", logging.WARNING), (2, "dead", logging.ERROR)]
+    for record, (number, status, level) in zip(lines, levels, strict=True):
         message = record.getMessage()
-        assert record.levelno == logging.WARNING and record.exc_info is None
+        assert record.levelno == level
+        assert (record.exc_info is not None) == (status == "dead")
         assert "t.log" in message and f"Delivery {row.pk}" in message
         assert f"attempt {number}" in message and "TimeoutError" in message
         assert f"now {status}" in message

@@ -35,6 +35,7 @@ from .run import (
     attempt,
     call_receiver,
     prepare,
+    report_success,
     tell_failure,
     write_failure,
 )
@@ -109,7 +110,9 @@ def _run_together(
             succeeded.append(row.claim)
         if succeeded and not _acknowledge_all(alias, succeeded):
             raise _GroupLost
-    for row, outcome, raised in failed:  # told only once the commit made them true
+    for claim in succeeded:  # reported only once the commit made them true
+        report_success(claim)
+    for row, outcome, raised in failed:
         tell_failure(row.claim, row.receiver, outcome, raised)
     results: dict[int, Attempted] = {c.id: (DeliveryStatus.SUCCEEDED, None) for c in succeeded}
     results.update({row.claim.id: (outcome.status, outcome) for row, outcome, _ in failed})

@@ -198,7 +198,12 @@ def run_relay(
                 with contextlib.suppress(Exception):
                     connections[alias].close()
         done = ", ".join(f"{state.counts[s]} {s.value}" for s in DeliveryStatus if state.counts[s])
-        logger.info("Relay %s stopped: %s.", state.worker_id, done or "nothing delivered")
+        logger.info(
+            "Relay %s stopped: %s.",
+            state.worker_id,
+            done or "nothing delivered",
+            extra={"worker_id": state.worker_id, "lanes": lanes, "concurrency": dict(slots)},
+        )
         return state.counts
 
 
@@ -242,6 +247,7 @@ def _log_start(
         wake,
         settings.POLL_SECONDS,
         "" if main else "; off the main thread, so signals are not handled here",
+        extra={"worker_id": worker_id, "lanes": list(lanes), "concurrency": dict(slots)},
     )
 
 
@@ -326,6 +332,7 @@ def _loop(
                     state.worker_id,
                     error,
                     outage_pause,
+                    extra={"worker_id": state.worker_id},
                 )
                 _close(alias, listener)
                 time.sleep(outage_pause)
@@ -379,7 +386,10 @@ def _hand_back(state: Pass) -> None:
     state.in_hand = []
     if count:
         logger.info(
-            "Relay %s handed back %s rows it held before the outage.", state.worker_id, count
+            "Relay %s handed back %s rows it held before the outage.",
+            state.worker_id,
+            count,
+            extra={"worker_id": state.worker_id},
         )
 
 
@@ -401,7 +411,11 @@ def _halt(state: Pass, error: Exception) -> None:
         f"Relay {state.worker_id} stopped: {type(error).__name__}: {error}. {advice} The rows "
         "it held were handed back uncharged."
     )
-    logger.error(message, exc_info=not isinstance(error, ImproperlyConfigured | DatabaseError))
+    logger.error(
+        message,
+        exc_info=not isinstance(error, ImproperlyConfigured | DatabaseError),
+        extra={"worker_id": state.worker_id},
+    )
     raise RelayHalted(message) from error
 
 

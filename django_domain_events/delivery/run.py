@@ -27,7 +27,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils.module_loading import import_string
 
-from .. import clock, conf, tally
+from .. import clock, conf, signals, tally
 from ..codec import PayloadDecodeError, PayloadUpgradeFailed
 from ..declare import RegisteredReceiver, registry
 from ..models import TERMINAL_VALUES, DeliveryRecord, DeliveryStatus
@@ -273,6 +273,7 @@ def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = Non
             # receiver: not the receiver's failure, and nothing is charged for it.
             raise
         return record_failure(claim, receiver, failure, now=now)
+    report_success(claim)
     return DeliveryStatus.SUCCEEDED, None
 
 
@@ -322,7 +323,16 @@ def _settle_unrun(
     if not written:
         _warn_lease_lost(claim, ran=False)
         return None, None
-    _log_unrun(claim.id, claim.event_name, claim.event_id, claim.receiver_key, status, reason)
+    _log_unrun(
+        claim.id,
+        claim.event_name,
+        claim.event_id,
+        claim.receiver_key,
+        status,
+        reason,
+        attempt=claim.attempts,
+        worker_id=claim.claimed_by,
+    )
     if status is DeliveryStatus.DEAD and receiver is not None and receiver.on_failure:
         failure = _failure(claim, status, RuntimeError(reason), attempt=claim.attempts)
         call_hook(receiver.on_failure, failure)
@@ -406,8 +416,55 @@ def _failure(
     )
 
 
+def log_fields(
+    claim: Claim, status: DeliveryStatus | None = None, *, attempt: int | None = None
+) -> dict[str, Any]:
+    """The ``extra=`` fields of every record logged about a delivery, so a handler or an
+    alert can match on them instead of parsing the message."""
+    receiver = registry.receiver(claim.receiver_key)
+    return {
+        "delivery_id": claim.id,
+        "event_id": claim.event_id,
+        "event_name": claim.event_name,
+        "receiver_key": claim.receiver_key,
+        "attempt": claim.attempts + 1 if attempt is None else attempt,
+        "status": status.value if status is not None else "",
+        "worker_id": claim.claimed_by,
+        "lane": receiver.lane if receiver is not None else "",
+    }
+
+
+def report_success(claim: Claim) -> None:
+    """A success is committed: log it at DEBUG and send ``delivery_succeeded``."""
+    logger.debug(
+        "Delivery %s of %s #%s to %s succeeded on attempt %s.",
+        claim.id,
+        claim.event_name,
+        claim.event_id,
+        claim.receiver_key,
+        claim.attempts + 1,
+        extra=log_fields(claim, DeliveryStatus.SUCCEEDED),
+    )
+    signals.delivery_succeeded.send(
+        sender=_event_class(claim.event_name),
+        delivery_id=claim.id,
+        event_id=claim.event_id,
+        event_name=claim.event_name,
+        receiver_key=claim.receiver_key,
+        attempt=claim.attempts + 1,
+    )
+
+
+def _event_class(name: str) -> type | None:
+    registered = registry.event_named(name)
+    return registered.event_class if registered is not None else None
+
+
 def _log_failure(claim: Claim, status: DeliveryStatus, reason: str, error: BaseException) -> None:
-    logger.warning(
+    """A failure at WARNING, without a traceback; a dead letter at ERROR, with one."""
+    dead = status is DeliveryStatus.DEAD
+    logger.log(
+        logging.ERROR if dead else logging.WARNING,
         "Delivery %s of %s #%s to %s failed on attempt %s with %s; now %s: %s",
         claim.id,
         claim.event_name,
@@ -417,6 +474,19 @@ def _log_failure(claim: Claim, status: DeliveryStatus, reason: str, error: BaseE
         type(error).__name__,
         status.value,
         reason,
+        exc_info=(type(error), error, error.__traceback__) if dead else None,
+        extra=log_fields(claim, status),
+    )
+    signal = signals.delivery_dead if dead else signals.delivery_failed
+    signal.send(
+        sender=_event_class(claim.event_name),
+        delivery_id=claim.id,
+        event_id=claim.event_id,
+        event_name=claim.event_name,
+        receiver_key=claim.receiver_key,
+        attempt=claim.attempts + 1,
+        error=error,
+        last_error=reason,
     )
 
 
@@ -427,8 +497,15 @@ def _log_unrun(
     receiver_key: str,
     status: DeliveryStatus,
     reason: str,
+    *,
+    attempt: int,
+    worker_id: str = "",
 ) -> None:
-    logger.warning(
+    """A row settled without running: WARNING when orphaned, ERROR when dead-lettered."""
+    receiver = registry.receiver(receiver_key)
+    dead = status is DeliveryStatus.DEAD
+    logger.log(
+        logging.ERROR if dead else logging.WARNING,
         "Delivery %s of %s #%s to %s was settled without running; now %s: %s",
         delivery_id,
         event_name,
@@ -436,7 +513,28 @@ def _log_unrun(
         receiver_key,
         status.value,
         reason,
+        extra={
+            "delivery_id": delivery_id,
+            "event_id": event_id,
+            "event_name": event_name,
+            "receiver_key": receiver_key,
+            "attempt": attempt,
+            "status": status.value,
+            "worker_id": worker_id,
+            "lane": receiver.lane if receiver is not None else "",
+        },
     )
+    if dead:
+        signals.delivery_dead.send(
+            sender=_event_class(event_name),
+            delivery_id=delivery_id,
+            event_id=event_id,
+            event_name=event_name,
+            receiver_key=receiver_key,
+            attempt=attempt,
+            error=RuntimeError(reason),
+            last_error=reason,
+        )
 
 
 def _warn_lease_lost(claim: Claim, *, ran: bool) -> None:
@@ -449,6 +547,7 @@ def _warn_lease_lost(claim: Claim, *, ran: bool) -> None:
             claim.receiver_key,
             claim.claimed_at.isoformat(),
             claim.claimed_by,
+            extra=log_fields(claim),
         )
         return
     logger.warning(
@@ -460,6 +559,7 @@ def _warn_lease_lost(claim: Claim, *, ran: bool) -> None:
         claim.receiver_key,
         claim.claimed_at.isoformat(),
         claim.claimed_by,
+        extra=log_fields(claim),
     )
 
 
@@ -495,7 +595,13 @@ def expire_overdue(*, now: datetime | None = None, limit: int = 500) -> int:
             continue
         expired += 1
         _log_unrun(
-            row.pk, row.event.name, row.event_id, row.receiver_key, DeliveryStatus.DEAD, reason
+            row.pk,
+            row.event.name,
+            row.event_id,
+            row.receiver_key,
+            DeliveryStatus.DEAD,
+            reason,
+            attempt=row.attempts,
         )
         if receiver is not None and receiver.on_failure is not None:
             failure = DeliveryFailure(
