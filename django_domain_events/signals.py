@@ -11,13 +11,15 @@ a broken integration should be seen).
   ``event_id``, ``event_name``, ``event`` (the instance given to ``fire()``),
   ``deliveries`` (how many delivery rows it wrote).
 - ``delivery_succeeded``: after a delivery's success is committed. Arguments:
-  ``delivery_id``, ``event_id``, ``event_name``, ``receiver_key``, ``attempt``.
+  ``delivery_id``, ``event_id``, ``event_name``, ``receiver_key``, ``attempt``,
+  ``duration`` (seconds the receiver ran) and ``lag`` (seconds from the row's due time
+  to the attempt's start).
 - ``delivery_failed``: after a failed attempt is recorded, with attempts left (status
   ``failed``). The same arguments, plus ``error`` (the exception) and ``last_error``.
 - ``delivery_dead``: after a row is dead-lettered, whether its last attempt failed or it
   was settled without running (expired, undecodable, its lapses spent). The same
-  arguments as ``delivery_failed``; ``error`` is a ``RuntimeError`` carrying the reason
-  when nothing was raised.
+  arguments as ``delivery_failed``; ``error`` is a ``RuntimeError`` carrying the reason,
+  and ``duration`` and ``lag`` are None, when nothing ran.
 """
 
 from __future__ import annotations

@@ -100,7 +100,9 @@ def test_delivery_signals_carry_what_happened(heard: Heard) -> None:
         "delivery_failed",
         "delivery_dead",
     ]
-    assert by_name["delivery_succeeded"]["receiver_key"] == "t.ok"
+    success = by_name["delivery_succeeded"]
+    assert success["receiver_key"] == "t.ok"
+    assert success["duration"] >= 0 and success["lag"] >= 0
     assert by_name["delivery_failed"]["attempt"] == 1
     dead = by_name["delivery_dead"]
     assert dead["attempt"] == 2 and isinstance(dead["error"], ConnectionError)

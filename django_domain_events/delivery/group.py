@@ -31,6 +31,7 @@ from .outcomes import Outcome
 from .run import (
     Attempted,
     Ready,
+    Timing,
     around_delivery,
     attempt,
     call_receiver,
@@ -84,11 +85,12 @@ def attempt_group(
 def _run_together(
     alias: str, ready: Sequence[Ready], now: datetime, *, savepoints: bool
 ) -> dict[int, Attempted]:
-    succeeded: list[Claim] = []
-    failed: list[tuple[Ready, Outcome, BaseException]] = []
+    succeeded: list[tuple[Claim, Timing]] = []
+    failed: list[tuple[Ready, Outcome, BaseException, Timing]] = []
     with transaction.atomic(using=alias):
         for row in ready:
             hook = around_delivery(row.ctx)  # an unimportable hook escapes, charging nothing
+            timing = Timing.start()
             try:
                 with (
                     transaction.atomic(using=alias, savepoint=savepoints),
@@ -105,17 +107,17 @@ def _run_together(
                 outcome, written = write_failure(row.claim, row.receiver, error, now=now)
                 if not written:
                     raise _GroupLost from None
-                failed.append((row, outcome, error))
+                failed.append((row, outcome, error, timing.stop()))
                 continue
-            succeeded.append(row.claim)
-        if succeeded and not _acknowledge_all(alias, succeeded):
+            succeeded.append((row.claim, timing.stop()))
+        if succeeded and not _acknowledge_all(alias, [claim for claim, _ in succeeded]):
             raise _GroupLost
-    for claim in succeeded:  # reported only once the commit made them true
-        report_success(claim)
-    for row, outcome, raised in failed:
-        tell_failure(row.claim, row.receiver, outcome, raised)
-    results: dict[int, Attempted] = {c.id: (DeliveryStatus.SUCCEEDED, None) for c in succeeded}
-    results.update({row.claim.id: (outcome.status, outcome) for row, outcome, _ in failed})
+    for claim, timing in succeeded:  # reported only once the commit made them true
+        report_success(claim, timing)
+    for row, outcome, raised, timing in failed:
+        tell_failure(row.claim, row.receiver, outcome, raised, timing)
+    results: dict[int, Attempted] = {c.id: (DeliveryStatus.SUCCEEDED, None) for c, _ in succeeded}
+    results.update({row.claim.id: (outcome.status, outcome) for row, outcome, *_ in failed})
     return results
 
 

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -248,6 +249,7 @@ def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = Non
     if not isinstance(ready, Ready):
         return ready
     claim, receiver = ready.claim, ready.receiver
+    timing = Timing.start()
     hook = around_delivery(ready.ctx)  # an unimportable hook escapes here, before anything
     failure: BaseException | None = None  # what the receiver (or the hook) raised
     try:
@@ -272,8 +274,8 @@ def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = Non
             # The acknowledgement itself failed, or the database went away under the
             # receiver: not the receiver's failure, and nothing is charged for it.
             raise
-        return record_failure(claim, receiver, failure, now=now)
-    report_success(claim)
+        return record_failure(claim, receiver, failure, now=now, timing=timing.stop())
+    report_success(claim, timing.stop())
     return DeliveryStatus.SUCCEEDED, None
 
 
@@ -345,13 +347,14 @@ def record_failure(
     error: BaseException,
     *,
     now: datetime,
+    timing: Timing | None = None,
 ) -> Attempted:
     """Record that ``error`` ended this attempt, as ``decide()`` rules; tell on_failure."""
     outcome, written = write_failure(claim, receiver, error, now=now)
     if not written:
         _warn_lease_lost(claim, ran=True)
         return None, None
-    tell_failure(claim, receiver, outcome, error)
+    tell_failure(claim, receiver, outcome, error, timing)
     return outcome.status, outcome
 
 
@@ -390,12 +393,16 @@ def write_failure(
 
 
 def tell_failure(
-    claim: Claim, receiver: RegisteredReceiver, outcome: Outcome, error: BaseException
+    claim: Claim,
+    receiver: RegisteredReceiver,
+    outcome: Outcome,
+    error: BaseException,
+    timing: Timing | None = None,
 ) -> None:
     """Log a recorded failure and tell the receiver's ``on_failure``, once it is written."""
     if not outcome.tells_on_failure:
         return
-    _log_failure(claim, outcome.status, outcome.last_error, error)
+    _log_failure(claim, outcome.status, outcome.last_error, error, timing)
     if receiver.on_failure is not None:
         failure = _failure(claim, outcome.status, error, attempt=claim.attempts + 1)
         call_hook(receiver.on_failure, failure)
@@ -434,7 +441,29 @@ def log_fields(
     }
 
 
-def report_success(claim: Claim) -> None:
+@dataclass(frozen=True)
+class Timing:
+    """When an attempt started and how long its receiver ran: for metrics and traces."""
+
+    started_at: datetime
+    started: float  # monotonic
+    seconds: float | None = None
+
+    @classmethod
+    def start(cls) -> Timing:
+        return cls(clock.now(), time.monotonic())
+
+    def stop(self) -> Timing:
+        return Timing(self.started_at, self.started, time.monotonic() - self.started)
+
+    def signal_arguments(self, claim: Claim) -> dict[str, float | None]:
+        """``duration`` (seconds the receiver ran) and ``lag`` (seconds from the row's due
+        time to the attempt's start)."""
+        lag = max(0.0, (self.started_at - claim.due_at).total_seconds())
+        return {"duration": self.seconds, "lag": lag}
+
+
+def report_success(claim: Claim, timing: Timing | None = None) -> None:
     """A success is committed: log it at DEBUG and send ``delivery_succeeded``."""
     logger.debug(
         "Delivery %s of %s #%s to %s succeeded on attempt %s.",
@@ -452,7 +481,14 @@ def report_success(claim: Claim) -> None:
         event_name=claim.event_name,
         receiver_key=claim.receiver_key,
         attempt=claim.attempts + 1,
+        **_timing_arguments(claim, timing),
     )
+
+
+def _timing_arguments(claim: Claim, timing: Timing | None) -> dict[str, float | None]:
+    if timing is None:
+        return {"duration": None, "lag": None}
+    return timing.signal_arguments(claim)
 
 
 def _event_class(name: str) -> type | None:
@@ -460,7 +496,13 @@ def _event_class(name: str) -> type | None:
     return registered.event_class if registered is not None else None
 
 
-def _log_failure(claim: Claim, status: DeliveryStatus, reason: str, error: BaseException) -> None:
+def _log_failure(
+    claim: Claim,
+    status: DeliveryStatus,
+    reason: str,
+    error: BaseException,
+    timing: Timing | None = None,
+) -> None:
     """A failure at WARNING, without a traceback; a dead letter at ERROR, with one."""
     dead = status is DeliveryStatus.DEAD
     logger.log(
@@ -487,6 +529,7 @@ def _log_failure(claim: Claim, status: DeliveryStatus, reason: str, error: BaseE
         attempt=claim.attempts + 1,
         error=error,
         last_error=reason,
+        **_timing_arguments(claim, timing),
     )
 
 
@@ -534,6 +577,8 @@ def _log_unrun(
             attempt=attempt,
             error=RuntimeError(reason),
             last_error=reason,
+            duration=None,
+            lag=None,
         )
 
 
