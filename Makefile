@@ -10,7 +10,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,celery,prometheus
+EXTRAS := dev,celery,prometheus,opentelemetry
 
 # Extra arguments for every pytest run, e.g. make test PYTEST_ARGS="-k relay -x"
 PYTEST_ARGS ?=

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from django.db import IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from . import clock, conf, signals, tally
+from . import clock, conf, signals, tally, tracing
 from .codec import encode_event, text_problem
 from .declare import (
     DURABLE,
@@ -221,6 +221,7 @@ def _event_row(
         else None,
         delete_when=retention.value if isinstance(retention, Retention) else "",
         prune_after=recorded_at + retention if isinstance(retention, timedelta) else None,
+        trace_context=tracing.current(),
     )
 
 

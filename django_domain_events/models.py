@@ -108,6 +108,8 @@ class EventRecord(models.Model):
     actor_label = models.CharField(max_length=255, blank=True, default="")
     scope = models.JSONField(default=dict, blank=True)
     correlation_id = models.CharField(max_length=255, blank=True, default="", db_index=True)
+    # The W3C trace context fire() was called in, when a tracing integration is installed.
+    trace_context = models.CharField(max_length=512, blank=True, default="")
     causation_id = models.BigIntegerField(null=True, blank=True)
     # NULL, not "": rows without a key must not collide in the unique constraint.
     dedupe_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001

@@ -63,6 +63,7 @@ class Claim:
     scope: str | dict[str, Any]  # as stored
     correlation_id: str
     last_error: str = ""  # the error of the attempt before this one
+    trace_context: str = ""  # the event's, for a tracing integration
 
 
 # The largest payload (bytes of its JSON text) a claim carries; larger ones are read
@@ -215,7 +216,8 @@ WITH picked AS (
 SELECT c.id, c.event_id, c.receiver_key, c.target, c.attempts, c.max_attempts,
        c.due_at, c.expires_at, e.name, e.version,
        CASE WHEN octet_length(p.text) <= %(inline)s THEN p.text END, e.occurred_at,
-       e.actor_key, e.actor_label, e.scope::text, e.correlation_id, c.last_error
+       e.actor_key, e.actor_label, e.scope::text, e.correlation_id, c.last_error,
+       e.trace_context
 FROM claimed AS c JOIN {event} AS e ON e.id = c.event_id
 -- The stored size first: a payload far too large is never turned into text here.
 CROSS JOIN LATERAL (
@@ -269,7 +271,8 @@ def _claims(rows: Sequence[Sequence[Any]], args: _ClaimArgs) -> list[Claim]:
     """Claims from the rows both claims select, in one column order: the delivery's id,
     event_id, receiver_key, target, attempts, max_attempts, due_at, expires_at, the
     event's name, version, payload (None when too large), occurred_at, actor_key,
-    actor_label, scope, correlation_id, and the delivery's last_error."""
+    actor_label, scope, correlation_id, the delivery's last_error, and the event's
+    trace_context."""
     return [
         Claim(
             id=row[0],
@@ -292,6 +295,7 @@ def _claims(rows: Sequence[Sequence[Any]], args: _ClaimArgs) -> list[Claim]:
             scope=row[14],
             correlation_id=row[15],
             last_error=row[16],
+            trace_context=row[17],
         )
         for row in rows
     ]
@@ -448,6 +452,7 @@ def _held(alias: str, args: _ClaimArgs) -> list[Claim]:
             Cast("event__scope", TextField()),
             "event__correlation_id",
             "last_error",
+            "event__trace_context",
         )
         .order_by("id")[: args.limit]
     )

@@ -21,7 +21,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from .. import clock, tally
+from .. import clock, tally, tracing
 from ..models import STATUS_SQL, DeliveryRecord, DeliveryStatus
 from ..scope import caused_by
 from .claim import Claim, database_alias
@@ -95,6 +95,7 @@ def _run_together(
                 with (
                     transaction.atomic(using=alias, savepoint=savepoints),
                     kept_alive(alias, row.claim, row.lease),
+                    tracing.attempt_span(row.ctx),
                     hook,
                     caused_by(row.claim.event_id, row.claim.correlation_id),
                 ):

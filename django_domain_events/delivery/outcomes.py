@@ -84,6 +84,7 @@ class DeliveryContext:
     receiver_key: str
     occurred_at: datetime | None = None
     correlation_id: str = ""
+    trace_context: str = ""  # the W3C trace context the event was fired in, or ""
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils.module_loading import import_string
 
-from .. import clock, conf, signals, tally
+from .. import clock, conf, signals, tally, tracing
 from ..codec import PayloadDecodeError, PayloadUpgradeFailed
 from ..declare import RegisteredReceiver, registry
 from ..models import TERMINAL_VALUES, DeliveryRecord, DeliveryStatus
@@ -176,6 +176,7 @@ def context_for(claim: Claim, scope: dict[str, Any]) -> DeliveryContext:
         receiver_key=claim.receiver_key,
         occurred_at=claim.occurred_at,
         correlation_id=claim.correlation_id,
+        trace_context=claim.trace_context,
     )
 
 
@@ -257,6 +258,7 @@ def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = Non
             try:
                 with (
                     kept_alive(alias, claim, ready.lease),
+                    tracing.attempt_span(ready.ctx),
                     hook,
                     caused_by(claim.event_id, claim.correlation_id),
                 ):

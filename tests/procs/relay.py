@@ -3,7 +3,8 @@
 Usage: relay.py [deliver_events arguments...]
 Environment: DDE_SLOW_SECONDS makes the recorder sleep before writing (default 0);
 DDE_READY_FILE, when set, is created once the relay has started; DDE_RECEIVERS=run_log
-declares only the run logger (tests.procs.receivers.log_run).
+declares only the run logger (tests.procs.receivers.log_run); DDE_SPANS_FILE, when set,
+turns contrib.opentelemetry on and writes the spans there as JSON lines.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from django.core.management import call_command  # noqa: E402
 
 from tests.procs.receivers import declare_all, declare_run_logger  # noqa: E402
 
+if os.environ.get("DDE_SPANS_FILE"):
+    from tests.procs.spans import export_spans_to
+
+    export_spans_to(os.environ["DDE_SPANS_FILE"])
 if os.environ.get("DDE_RECEIVERS") == "run_log":
     declare_run_logger()
 else:
