@@ -3,10 +3,12 @@ the delivery metrics fed by the signals (rates, durations, lags)."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from django.core.management.base import CommandError
 from django.db import connection
 from django.utils import timezone
 
@@ -26,7 +28,7 @@ from django_domain_events.contrib.prometheus import (  # noqa: E402
     register,
 )
 from tests.app.events import OrderPlaced  # noqa: E402
-from tests.support import failing, fire_one  # noqa: E402
+from tests.support import command, failing, fire_one  # noqa: E402
 
 pytestmark = pytest.mark.django_db
 
@@ -276,3 +278,33 @@ def test_in_multiprocess_mode_the_counts_of_every_process_are_served_with_the_ga
         == 2.0
     )
     assert got["domain_events_owed", (("lane", "default"), ("receiver", "t.ok"))] == 1
+
+
+# deliver_events --metrics-port: refused before anything starts.
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "-1", "http", "80.5"])
+def test_a_bad_metrics_port_is_refused(port: str) -> None:
+    with pytest.raises(CommandError, match="--metrics-port takes a port from 1 to 65535"):
+        command("deliver_events", "--once", "--metrics-port", port)
+
+
+def test_a_metrics_address_needs_a_port() -> None:
+    with pytest.raises(CommandError, match="--metrics-addr goes with --metrics-port"):
+        command("deliver_events", "--once", "--metrics-addr", "127.0.0.1")
+
+
+def test_a_metrics_port_in_use_is_refused() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"Cannot serve metrics on 127.0.0.1 port {port}"):
+            command(
+                "deliver_events",
+                "--once",
+                "--metrics-port",
+                str(port),
+                "--metrics-addr",
+                "127.0.0.1",
+            )
