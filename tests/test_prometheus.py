@@ -308,3 +308,10 @@ def test_a_metrics_port_in_use_is_refused() -> None:
                 "--metrics-addr",
                 "127.0.0.1",
             )
+
+
+@pytest.mark.parametrize("flags", [["--record-metrics"], ["--metrics-port", "9"]])
+def test_a_multiprocess_dir_that_is_no_directory_is_refused(flags, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "missing"))
+    with pytest.raises(CommandError, match="PROMETHEUS_MULTIPROC_DIR=.* is not a directory"):
+        command("deliver_events", "--once", *flags)

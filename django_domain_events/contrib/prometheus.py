@@ -289,11 +289,13 @@ def instrument(into: CollectorRegistry = REGISTRY) -> DeliveryMetrics:
 
     ``deliver_events --metrics-port`` calls it; call it yourself where you deliver
     otherwise (``run_relay()`` in your own process, a worker calling
-    ``deliver_pending()``), before the first delivery.
+    ``deliver_pending()``), before the first delivery. Raises ``ValueError`` when
+    ``PROMETHEUS_MULTIPROC_DIR`` names no directory.
     """
     with _instrument_lock:
         metrics = _instrumented.get(id(into))
         if metrics is None:
+            multiprocess_dir()  # a bad directory is refused now, not at the first delivery
             metrics = DeliveryMetrics(into)
             metrics.declare_receivers()
             metrics.connect()
@@ -302,8 +304,16 @@ def instrument(into: CollectorRegistry = REGISTRY) -> DeliveryMetrics:
 
 
 def multiprocess_dir() -> str | None:
-    """``PROMETHEUS_MULTIPROC_DIR`` when set (prometheus_client then counts in files)."""
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+    """``PROMETHEUS_MULTIPROC_DIR`` when set (prometheus_client then counts in files);
+    ``ValueError`` when it names no directory, where counting would fail at the first
+    delivery."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+    if path is not None and not os.path.isdir(path):
+        raise ValueError(
+            f"PROMETHEUS_MULTIPROC_DIR={path!r} is not a directory: create it, empty, "
+            "before the processes that count into it start."
+        )
+    return path
 
 
 def multiprocess_registry() -> CollectorRegistry:

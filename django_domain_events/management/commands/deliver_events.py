@@ -48,11 +48,13 @@ def _start_metrics(port: int | None, addr: str) -> None:
         from ...contrib import prometheus
     except ImportError as error:
         raise CommandError(str(error)) from error
-    if port is None:
-        prometheus.instrument()
-        return
     try:
-        prometheus.serve(port, addr)
+        if port is None:
+            prometheus.instrument()
+        else:
+            prometheus.serve(port, addr)
+    except ValueError as error:  # PROMETHEUS_MULTIPROC_DIR names no directory
+        raise CommandError(str(error)) from error
     except OSError as error:
         raise CommandError(
             f"Cannot serve metrics on {addr} port {port}: {error}. Choose another "
