@@ -1,25 +1,34 @@
-"""The Prometheus collector and view: outbox_health() as gauges, read at scrape time."""
+"""The Prometheus collector and view (outbox_health() as gauges, read at scrape time), and
+the delivery metrics fed by the signals (rates, durations, lags)."""
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from django.core.management.base import CommandError
+from django.db import connection
 from django.utils import timezone
 
-from django_domain_events import drain_outbox, outbox_health, receiver
+from django_domain_events import DeliveryStatus, drain_outbox, outbox_health, receiver, run_relay
+from django_domain_events.models import DeliveryRecord
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from django_domain_events.contrib.prometheus import (  # noqa: E402
+    DeliveryMetrics,
     OutboxCollector,
+    instrument,
     metrics_view,
+    multiprocess_registry,
     register,
 )
 from tests.app.events import OrderPlaced  # noqa: E402
-from tests.support import failing, fire_one  # noqa: E402
+from tests.support import command, failing, fire_one  # noqa: E402
 
 pytestmark = pytest.mark.django_db
 
@@ -88,3 +97,221 @@ def test_the_view_serves_text_and_openmetrics(rf) -> None:
     )
     assert response["Content-Type"].startswith("application/openmetrics-text")
     assert response.content.decode().endswith("# EOF\n")
+
+
+# The delivery metrics, fed by the signals.
+
+
+@pytest.fixture
+def metrics() -> Iterator[DeliveryMetrics]:
+    """Delivery metrics in a registry of their own, listening for this test only."""
+    counted = DeliveryMetrics(CollectorRegistry(auto_describe=True))
+    counted.connect()
+    yield counted
+    counted.disconnect()
+
+
+def scraped(metrics: DeliveryMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    assert metrics.registry is not None
+    return samples(generate_latest(metrics.registry).decode())
+
+
+def counted(got: dict, key: str, lane: str, outcome: str) -> float:
+    return got.get(
+        (
+            "domain_events_deliveries_total",
+            (("lane", lane), ("outcome", outcome), ("receiver", key)),
+        ),
+        0.0,
+    )
+
+
+def observed(got: dict, name: str, key: str, lane: str) -> float:
+    return got.get(
+        (f"domain_events_delivery_{name}_seconds_count", (("lane", lane), ("receiver", key))), 0.0
+    )
+
+
+def test_the_delivery_metrics_count_what_the_rows_show(metrics: DeliveryMetrics) -> None:
+    receiver(OrderPlaced, key="t.ok")(lambda evt: None)
+    receiver(OrderPlaced, key="t.flaky", max_attempts=3, lane="mail")(failing)
+    receiver(OrderPlaced, key="t.dead", max_attempts=1, lane="mail")(failing)
+    receiver(OrderPlaced, key="t.later", due=timedelta(days=2), lane="slow")(lambda evt: None)
+    metrics.declare_receivers()
+    for n in range(3):
+        fire_one(OrderPlaced(order_id=n))
+    drain_outbox()  # backoff skipped: t.flaky fails twice, then dies
+    got = scraped(metrics)
+    for key, lane in (("t.ok", "default"), ("t.flaky", "mail"), ("t.dead", "mail")):
+        rows = DeliveryRecord.objects.filter(receiver_key=key)
+        attempts = sum(rows.values_list("attempts", flat=True))
+        succeeded = rows.filter(status=DeliveryStatus.SUCCEEDED).count()
+        dead = rows.filter(status=DeliveryStatus.DEAD).count()
+        assert counted(got, key, lane, "succeeded") == succeeded
+        assert counted(got, key, lane, "dead") == dead
+        assert counted(got, key, lane, "failed") == attempts - succeeded - dead
+        assert observed(got, "duration", key, lane) == attempts  # every attempt ran
+        assert observed(got, "lag", key, lane) == attempts
+    assert counted(got, "t.ok", "default", "succeeded") == 3
+    assert counted(got, "t.flaky", "mail", "failed") == 6
+    assert counted(got, "t.flaky", "mail", "dead") == 3
+    assert counted(got, "t.dead", "mail", "dead") == 3
+    # Declared series start at zero, before their first delivery.
+    key = (
+        "domain_events_deliveries_total",
+        (("lane", "slow"), ("outcome", "succeeded"), ("receiver", "t.later")),
+    )
+    assert got[key] == 0
+    assert observed(got, "duration", "t.later", "slow") == 0
+    duration_sum = got[
+        "domain_events_delivery_duration_seconds_sum", (("lane", "default"), ("receiver", "t.ok"))
+    ]
+    assert 0 <= duration_sum < 5
+
+
+def test_a_row_dead_without_running_counts_dead_and_observes_nothing(
+    metrics: DeliveryMetrics,
+) -> None:
+    receiver(OrderPlaced, key="t.short", ttl=timedelta(minutes=1))(lambda evt: None)
+    fire_one(OrderPlaced(order_id=1))
+    drain_outbox(now=timezone.now() + timedelta(hours=1))  # past its lifetime: dead unrun
+    got = scraped(metrics)
+    assert DeliveryRecord.objects.get(receiver_key="t.short").status == DeliveryStatus.DEAD
+    assert counted(got, "t.short", "default", "dead") == 1
+    assert observed(got, "duration", "t.short", "default") == 0
+    assert observed(got, "lag", "t.short", "default") == 0
+
+
+def test_the_lag_runs_from_the_due_time(metrics: DeliveryMetrics) -> None:
+    receiver(OrderPlaced, key="t.later")(lambda evt: None)
+    fire_one(OrderPlaced(order_id=1))
+    # Due ten minutes ago: the relay is late by that much.
+    DeliveryRecord.objects.update(due_at=timezone.now() - timedelta(minutes=10))
+    drain_outbox()
+    got = scraped(metrics)
+    lag = got[
+        "domain_events_delivery_lag_seconds_sum", (("lane", "default"), ("receiver", "t.later"))
+    ]
+    assert 590 <= lag <= 700
+    late = got[
+        "domain_events_delivery_lag_seconds_bucket",
+        (("lane", "default"), ("le", "300.0"), ("receiver", "t.later")),
+    ]
+    assert late == 0  # not within five minutes of its due time
+    assert counted(got, "t.later", "default", "succeeded") == 1
+
+
+def test_instrument_connects_once_per_registry() -> None:
+    into = CollectorRegistry(auto_describe=True)
+    first = instrument(into)
+    try:
+        assert instrument(into) is first
+        receiver(OrderPlaced, key="t.ok")(lambda evt: None)
+        fire_one(OrderPlaced(order_id=1))
+        drain_outbox()
+        assert counted(scraped(first), "t.ok", "default", "succeeded") == 1  # not twice
+    finally:
+        first.disconnect()
+
+
+def test_disconnected_metrics_count_no_more(metrics: DeliveryMetrics) -> None:
+    receiver(OrderPlaced, key="t.ok")(lambda evt: None)
+    fire_one(OrderPlaced(order_id=1))
+    drain_outbox()
+    metrics.disconnect()
+    fire_one(OrderPlaced(order_id=2))
+    drain_outbox()
+    assert counted(scraped(metrics), "t.ok", "default", "succeeded") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite runs one delivery at a time")
+def test_worker_threads_count_every_delivery(metrics: DeliveryMetrics) -> None:
+    receiver(OrderPlaced, key="t.ok")(lambda evt: None)
+    receiver(
+        OrderPlaced,
+        key="t.flaky",
+        max_attempts=2,
+        backoff_base_seconds=0.01,
+        backoff_cap_seconds=0.01,
+    )(failing)
+    for n in range(40):
+        fire_one(OrderPlaced(order_id=n))
+    run_relay(once=True, concurrency=8, prune=None)
+    got = scraped(metrics)
+    assert counted(got, "t.ok", "default", "succeeded") == 40
+    flaky = DeliveryRecord.objects.filter(receiver_key="t.flaky")
+    assert counted(got, "t.flaky", "default", "failed") + counted(
+        got, "t.flaky", "default", "dead"
+    ) == sum(flaky.values_list("attempts", flat=True))
+    assert (
+        counted(got, "t.flaky", "default", "dead")
+        == flaky.filter(status=DeliveryStatus.DEAD).count()
+    )
+    assert observed(got, "duration", "t.ok", "default") == 40
+
+
+def test_in_multiprocess_mode_the_counts_of_every_process_are_served_with_the_gauges(
+    tmp_path, monkeypatch
+) -> None:
+    from prometheus_client import values
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue(lambda: 101))
+    receiver(OrderPlaced, key="t.ok")(lambda evt: None)
+    one = DeliveryMetrics(CollectorRegistry())
+    one.record("succeeded", "t.ok", 0.5, 0.1)
+    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue(lambda: 102))
+    other = DeliveryMetrics(CollectorRegistry())  # another process, as it were
+    other.record("succeeded", "t.ok", 1.5, 0.2)
+    other.record("dead", "t.ok", None, None)
+    fire_one(OrderPlaced(order_id=1))
+    got = samples(generate_latest(multiprocess_registry()).decode())
+    assert counted(got, "t.ok", "default", "succeeded") == 2
+    assert counted(got, "t.ok", "default", "dead") == 1
+    assert observed(got, "duration", "t.ok", "default") == 2
+    assert (
+        got[
+            "domain_events_delivery_duration_seconds_sum",
+            (("lane", "default"), ("receiver", "t.ok")),
+        ]
+        == 2.0
+    )
+    assert got["domain_events_owed", (("lane", "default"), ("receiver", "t.ok"))] == 1
+
+
+# deliver_events --metrics-port: refused before anything starts.
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "-1", "http", "80.5"])
+def test_a_bad_metrics_port_is_refused(port: str) -> None:
+    with pytest.raises(CommandError, match="--metrics-port takes a port from 1 to 65535"):
+        command("deliver_events", "--once", "--metrics-port", port)
+
+
+def test_a_metrics_address_needs_a_port() -> None:
+    with pytest.raises(CommandError, match="--metrics-addr goes with --metrics-port"):
+        command("deliver_events", "--once", "--metrics-addr", "127.0.0.1")
+
+
+def test_a_metrics_port_in_use_is_refused() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"Cannot serve metrics on 127.0.0.1 port {port}"):
+            command(
+                "deliver_events",
+                "--once",
+                "--metrics-port",
+                str(port),
+                "--metrics-addr",
+                "127.0.0.1",
+            )
+
+
+@pytest.mark.parametrize("flags", [["--record-metrics"], ["--metrics-port", "9"]])
+def test_a_multiprocess_dir_that_is_no_directory_is_refused(flags, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "missing"))
+    with pytest.raises(CommandError, match="PROMETHEUS_MULTIPROC_DIR=.* is not a directory"):
+        command("deliver_events", "--once", *flags)

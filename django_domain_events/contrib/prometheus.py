@@ -1,27 +1,46 @@
-"""Prometheus metrics for the outbox: ``outbox_health()``, read at scrape time.
+"""Prometheus metrics for the outbox.
 
-Serve them with the view, or add the collector to the registry an exporter already
-serves (``prometheus_client.REGISTRY`` by default)::
+Two kinds:
 
-    from django_domain_events.contrib.prometheus import metrics_view, register
+- Gauges of ``outbox_health()``, read from the database at scrape time
+  (``OutboxCollector``). Serve them with the view, or add the collector to the registry
+  an exporter already serves (``prometheus_client.REGISTRY`` by default)::
 
-    urlpatterns = [path("metrics/events", metrics_view)]   # this package's metrics only
-    register()                                              # or: into the default registry
+      from django_domain_events.contrib.prometheus import metrics_view, register
 
-Every figure is read from the database, so any process reports the same numbers however
-many relays run: scrape one target. A scrape costs what ``outbox_health()`` costs: four
-queries, whatever the size of the history or the schedule.
+      urlpatterns = [path("metrics/events", metrics_view)]   # this package's metrics only
+      register()                                              # or: into the default registry
+
+  Every figure is read from the database, so any process reports the same numbers
+  however many relays run: scrape one target. A scrape costs what ``outbox_health()``
+  costs: four queries, whatever the size of the history or the schedule.
+
+- Rates, counted in the process that delivers (``instrument()``, ``DeliveryMetrics``):
+  deliveries by receiver, lane and outcome, and histograms of how long receivers ran
+  and how late after their due time they started, fed by the delivery signals.
+  ``deliver_events --metrics-port P`` instruments the relay and serves both kinds on
+  ``P`` (``serve()``). With ``PROMETHEUS_MULTIPROC_DIR`` set, the counts of every
+  process writing to that directory are served together (``multiprocess_registry()``).
+
+This module imports ``prometheus_client``; the package imports it only when asked to.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 try:
-    from prometheus_client import CollectorRegistry
+    from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
     from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.exposition import choose_encoder
     from prometheus_client.metrics_core import Metric
+    from prometheus_client.multiprocess import MultiProcessCollector
     from prometheus_client.registry import REGISTRY
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -29,9 +48,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "pip install django-domain-events[prometheus]"
     ) from exc
 
+from django.db import connections
+from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponse
 
-from .. import clock
+from .. import clock, signals
 from ..declare import registry
 from ..introspect import outbox_health
 
@@ -55,8 +76,14 @@ class OutboxCollector:
         return list(_families().values())
 
     def collect(self) -> Iterator[Metric]:
-        """Read ``outbox_health()`` now and yield its figures."""
-        health = outbox_health()
+        """Read ``outbox_health()`` now and yield its figures.
+
+        A database connection this opens is closed again: exporters such as
+        prometheus_client's HTTP server collect in a new thread per scrape, whose
+        connection nobody else would close.
+        """
+        with _closing_what_it_opens():
+            health = outbox_health()
         now = clock.now()
         families = _families()
         for backlog in health.receivers:
@@ -72,6 +99,19 @@ class OutboxCollector:
         for lane in health.lanes:
             families["lane_paused_relays"].add_metric([lane.lane], len(lane.pauses))
         yield from families.values()
+
+
+@contextlib.contextmanager
+def _closing_what_it_opens() -> Iterator[None]:
+    """Close the database connections opened inside the block, in this thread, after it."""
+    closed = {conn.alias for conn in connections.all() if conn.connection is None}
+    try:
+        yield
+    finally:
+        for conn in connections.all(initialized_only=True):
+            if conn.alias in closed and conn.connection is not None and not conn.in_atomic_block:
+                with contextlib.suppress(Exception):
+                    conn.close()
 
 
 def _families() -> dict[str, GaugeMetricFamily]:
@@ -116,3 +156,196 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     """
     encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
     return HttpResponse(encoder(_OWN), content_type=content_type)
+
+
+# Rates: counted where deliveries run, fed by the delivery signals.
+
+logger = logging.getLogger("django_domain_events.metrics")
+
+OUTCOMES = ("succeeded", "failed", "dead")
+# Receivers run from milliseconds up to RUN_LIMIT_SECONDS (an hour by default).
+DURATION_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+    3600.0,
+)  # fmt: skip
+# From a woken relay's few milliseconds to a backlog of hours.
+LAG_BUCKETS = (
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+    21600.0, 86400.0,
+)  # fmt: skip
+
+
+class DeliveryMetrics:
+    """Deliveries by receiver, lane and outcome, and how long and how late they ran.
+
+    - ``domain_events_deliveries_total{receiver, lane, outcome}``: a Counter of
+      attempts by outcome: ``succeeded``, ``failed`` (attempts left) or ``dead``
+      (including rows dead-lettered without running).
+    - ``domain_events_delivery_duration_seconds{receiver, lane}``: a Histogram of how
+      long the receiver ran, one observation per attempt that ran, whatever its outcome.
+    - ``domain_events_delivery_lag_seconds{receiver, lane}``: a Histogram of the time
+      from a row's due time to the start of its attempt, for the same attempts.
+
+    Fed by ``delivery_succeeded``, ``delivery_failed`` and ``delivery_dead`` once
+    ``connect()``-ed (``instrument()`` does both). Prometheus metrics are thread-safe, so
+    a relay's worker threads (``--concurrency``) may count at once.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = REGISTRY) -> None:
+        self.registry = registry
+        self.deliveries = Counter(
+            f"{PREFIX}_deliveries",
+            "Delivery attempts by outcome: succeeded, failed (attempts left) or dead "
+            "(dead-lettered, whether it ran or not).",
+            labelnames=[*LABELS, "outcome"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            f"{PREFIX}_delivery_duration_seconds",
+            "How long the receiver ran, per attempt that ran.",
+            labelnames=LABELS,
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.lag = Histogram(
+            f"{PREFIX}_delivery_lag_seconds",
+            "Seconds from a delivery's due time to the start of its attempt.",
+            labelnames=LABELS,
+            buckets=LAG_BUCKETS,
+            registry=registry,
+        )
+        self._handlers: list[tuple[Signal, Callable[..., None]]] = []
+        self._lock = threading.Lock()
+
+    def record(
+        self, outcome: str, receiver_key: str, duration: float | None, lag: float | None
+    ) -> None:
+        """Count one outcome; observe its duration and lag unless None (nothing ran)."""
+        labels = (receiver_key, _lane(receiver_key))
+        self.deliveries.labels(*labels, outcome).inc()
+        if duration is not None:
+            self.duration.labels(*labels).observe(duration)
+        if lag is not None:
+            self.lag.labels(*labels).observe(lag)
+
+    def declare_receivers(self) -> None:
+        """Start every durable receiver's series at zero, so the first delivery shows as an
+        increase rather than as a series appearing."""
+        for declared in registry.receivers:
+            if declared.durable:
+                labels = (declared.key, declared.lane)
+                for outcome in OUTCOMES:
+                    self.deliveries.labels(*labels, outcome)
+                self.duration.labels(*labels)
+                self.lag.labels(*labels)
+
+    def connect(self) -> None:
+        """Listen to the delivery signals (again a no-op)."""
+        with self._lock:
+            if self._handlers:
+                return
+            for signal, outcome in (
+                (signals.delivery_succeeded, "succeeded"),
+                (signals.delivery_failed, "failed"),
+                (signals.delivery_dead, "dead"),
+            ):
+                handler = self._handler(outcome)
+                signal.connect(handler, weak=False)
+                self._handlers.append((signal, handler))
+
+    def disconnect(self) -> None:
+        """Stop listening; the metrics keep their values."""
+        with self._lock:
+            for signal, handler in self._handlers:
+                signal.disconnect(handler)
+            self._handlers.clear()
+
+    def _handler(self, outcome: str) -> Callable[..., None]:
+        def handler(
+            sender: Any,
+            *,
+            receiver_key: str,
+            duration: float | None = None,
+            lag: float | None = None,
+            **kwargs: Any,
+        ) -> None:
+            self.record(outcome, receiver_key, duration, lag)
+
+        return handler
+
+
+def _lane(receiver_key: str) -> str:
+    declared = registry.receiver(receiver_key)
+    return declared.lane if declared is not None else "default"
+
+
+_instrumented: dict[int, DeliveryMetrics] = {}
+_instrument_lock = threading.Lock()
+
+
+def instrument(into: CollectorRegistry = REGISTRY) -> DeliveryMetrics:
+    """Count this process's deliveries into ``into``: the delivery metrics, created and
+    connected to the delivery signals once per registry (a second call returns them).
+
+    ``deliver_events --metrics-port`` calls it; call it yourself where you deliver
+    otherwise (``run_relay()`` in your own process, a worker calling
+    ``deliver_pending()``), before the first delivery. Raises ``ValueError`` when
+    ``PROMETHEUS_MULTIPROC_DIR`` names no directory.
+    """
+    with _instrument_lock:
+        metrics = _instrumented.get(id(into))
+        if metrics is None:
+            multiprocess_dir()  # a bad directory is refused now, not at the first delivery
+            metrics = DeliveryMetrics(into)
+            metrics.declare_receivers()
+            metrics.connect()
+            _instrumented[id(into)] = metrics
+        return metrics
+
+
+def multiprocess_dir() -> str | None:
+    """``PROMETHEUS_MULTIPROC_DIR`` when set (prometheus_client then counts in files);
+    ``ValueError`` when it names no directory, where counting would fail at the first
+    delivery."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+    if path is not None and not os.path.isdir(path):
+        raise ValueError(
+            f"PROMETHEUS_MULTIPROC_DIR={path!r} is not a directory: create it, empty, "
+            "before the processes that count into it start."
+        )
+    return path
+
+
+def multiprocess_registry() -> CollectorRegistry:
+    """A registry for serving in multiprocess mode: the counts every process wrote to
+    ``PROMETHEUS_MULTIPROC_DIR`` summed, and the outbox gauges, read once from the
+    database (gauges a collector computes are never written to the files)."""
+    into = CollectorRegistry(auto_describe=True)
+    MultiProcessCollector(into)
+    into.register(OutboxCollector())
+    return into
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> WSGIServer:
+    """Instrument this process and serve its metrics over HTTP on ``addr:port``, from a
+    daemon thread, until the process exits: any path answers, ``/metrics`` included.
+
+    Served: the delivery metrics and the outbox gauges, plus prometheus_client's own
+    process metrics; in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``), the delivery
+    metrics of every process writing to that directory instead of this one's, and the
+    gauges. Raises ``OSError`` when the address cannot be bound.
+    """
+    multiprocess = multiprocess_dir() is not None
+    served = multiprocess_registry() if multiprocess else REGISTRY
+    server, _thread = start_http_server(port, addr, registry=served)  # bound, then counted
+    if not multiprocess:
+        register(REGISTRY)
+    instrument()
+    logger.info(
+        "Serving Prometheus metrics on %s port %s%s.",
+        addr,
+        port,
+        " (multiprocess)" if multiprocess else "",
+        extra={"metrics_addr": addr, "metrics_port": port},
+    )
+    return server

@@ -17,6 +17,7 @@ RECORDER_KEY = "tests.record_order"
 MAIL_KEY = "tests.mail_ping"
 DEFAULT_PING_KEY = "tests.default_ping"
 SCHEDULED_KEY = "tests.follow_up"
+FAILING_KEY = "tests.fail_order"
 
 
 def record(evt: object, ctx: DeliveryContext) -> None:
@@ -75,3 +76,20 @@ def declare_all() -> None:
 def declare_scheduled() -> None:
     """A receiver whose rows come due two days after their order."""
     receiver(OrderPlaced, key=SCHEDULED_KEY, due=timedelta(days=2))(lambda evt: None)
+
+
+def fail(evt: object) -> None:
+    raise ConnectionError("unreachable")
+
+
+def declare_failing() -> None:
+    """An OrderPlaced receiver on the mail lane that always fails: one failed attempt,
+    retried after at most 50 ms, then a dead letter."""
+    receiver(
+        OrderPlaced,
+        key=FAILING_KEY,
+        lane="mail",
+        max_attempts=2,
+        backoff_base_seconds=0.05,
+        backoff_cap_seconds=0.05,
+    )(fail)

@@ -3,8 +3,9 @@
 Usage: relay.py [deliver_events arguments...]
 Environment: DDE_SLOW_SECONDS makes the recorder sleep before writing (default 0);
 DDE_READY_FILE, when set, is created once the relay has started; DDE_RECEIVERS=run_log
-declares only the run logger (tests.procs.receivers.log_run); DDE_SPANS_FILE, when set,
-turns contrib.opentelemetry on and writes the spans there as JSON lines.
+declares only the run logger (tests.procs.receivers.log_run), DDE_RECEIVERS=with_failing
+adds an always failing receiver on the mail lane (declare_failing); DDE_SPANS_FILE, when
+set, turns contrib.opentelemetry on and writes the spans there as JSON lines.
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 
-from tests.procs.receivers import declare_all, declare_run_logger  # noqa: E402
+from tests.procs.receivers import (  # noqa: E402
+    declare_all,
+    declare_failing,
+    declare_run_logger,
+)
 
 if os.environ.get("DDE_SPANS_FILE"):
     from tests.procs.spans import export_spans_to
@@ -28,6 +33,8 @@ if os.environ.get("DDE_RECEIVERS") == "run_log":
     declare_run_logger()
 else:
     declare_all()
+if os.environ.get("DDE_RECEIVERS") == "with_failing":
+    declare_failing()
 if os.environ.get("DDE_READY_FILE"):
     open(os.environ["DDE_READY_FILE"], "w").close()
 call_command("deliver_events", *sys.argv[1:])

@@ -33,6 +33,35 @@ def _lane_numbers(values: list[str], flag: str) -> dict[str, int]:
     return found
 
 
+def _metrics_port(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not value.strip().isdigit() or not 1 <= int(value) <= 65535:
+        raise CommandError(f"--metrics-port takes a port from 1 to 65535, not {value!r}.")
+    return int(value)
+
+
+def _start_metrics(port: int | None, addr: str) -> None:
+    """Count this relay's deliveries and, given a port, serve them (imports
+    prometheus_client, so only when asked)."""
+    try:
+        from ...contrib import prometheus
+    except ImportError as error:
+        raise CommandError(str(error)) from error
+    try:
+        if port is None:
+            prometheus.instrument()
+        else:
+            prometheus.serve(port, addr)
+    except ValueError as error:  # PROMETHEUS_MULTIPROC_DIR names no directory
+        raise CommandError(str(error)) from error
+    except OSError as error:
+        raise CommandError(
+            f"Cannot serve metrics on {addr} port {port}: {error}. Choose another "
+            "--metrics-port (each relay on a host needs its own), or --metrics-addr."
+        ) from error
+
+
 class Command(BaseCommand):
     help = "Deliver owed events: the relay. Runs until SIGTERM/SIGINT unless --once or --passes."
 
@@ -68,6 +97,24 @@ class Command(BaseCommand):
             dest="lane_concurrency",
             help="LANE=N: this lane's concurrency (repeatable).",
         )
+        parser.add_argument(
+            "--metrics-port",
+            metavar="PORT",
+            help="Serve Prometheus metrics on this port while the relay runs: delivery "
+            "counts, durations and lags, and the outbox gauges (needs prometheus-client).",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            metavar="ADDR",
+            help="With --metrics-port: the address to bind (default 0.0.0.0, every "
+            "interface; 127.0.0.1 for this host only).",
+        )
+        parser.add_argument(
+            "--record-metrics",
+            action="store_true",
+            help="Count delivery metrics without serving them: with PROMETHEUS_MULTIPROC_DIR, "
+            "for relays whose counts another process on the host serves.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         lanes: list[str] = options["lanes"] or ["default"]
@@ -89,9 +136,14 @@ class Command(BaseCommand):
             lane_slots(served, options["concurrency"], concurrency)
         except ValueError as error:
             raise CommandError(str(error)) from error
+        port = _metrics_port(options["metrics_port"])
+        if options["metrics_addr"] is not None and port is None:
+            raise CommandError("--metrics-addr goes with --metrics-port; add the port.")
         level = _LOG_LEVELS.get(options["verbosity"])
         if level is not None:
             logging.getLogger("django_domain_events").setLevel(level)
+        if port is not None or options["record_metrics"]:
+            _start_metrics(port, options["metrics_addr"] or "0.0.0.0")
         try:
             counts = run_relay(
                 worker_id=options["worker_id"],
