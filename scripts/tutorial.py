@@ -56,7 +56,7 @@ def script(found: list[tuple[str, str | None, str]], outputs: Path) -> tuple[str
         elif what in ("file", "append"):
             assert path, f"a {what} block needs a path"
             op = ">" if what == "file" else ">>"
-            lines.append(f"mkdir -p \"$(dirname {shlex.quote(path)})\"")
+            lines.append(f'mkdir -p "$(dirname {shlex.quote(path)})"')
             lines.append(f"cat {op} {shlex.quote(path)} <<'TUTORIAL_EOF'\n{body}\nTUTORIAL_EOF")
         else:
             assert run, "an expect block must follow a run block"
