@@ -58,7 +58,8 @@ clean:
 #                   then follow docs/tutorial.md in a fresh directory (scripts/dist.sh)
 #   make docs       the documentation site, MkDocs with --strict, into build/site
 
-PYTHON_DJ6 ?= $(HOME)/.pyenv/versions/3.13.0/bin/python
+# pyenv's 3.13 where this machine has it, else python3.13 on PATH.
+PYTHON_DJ6 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13.0/bin/python) python3.13)
 VENV_DJ6   := .venv-dj6
 STAMP_DJ6  := $(VENV_DJ6)/.installed
 DJANGO_DJ6 ?= Django>=6,<7
