@@ -5,6 +5,7 @@
 #   make lint    ruff check, ruff format --check, mypy
 #   make format  ruff format, ruff check --fix
 #   make bench   run the benchmarks
+#   (and, below: the Django 6 leg of make test, make dist, make docs)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -48,3 +49,37 @@ bench: $(STAMP)
 # Build artefacts and caches only; the virtualenv is left alone.
 clean:
 	rm -rf build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+
+# ------------------------------------------------- the Django 6 leg, dist, docs
+#   make .venv-dj6  Python 3.13 with the newest Django 6.x and django-tasks-db: the
+#                   second leg of `make test` (SQLite and PostgreSQL; no lint there)
+#   make dist       build sdist and wheel, twine check them, install the wheel with no
+#                   extras in a fresh virtualenv and run the example's demo against it,
+#                   then follow docs/tutorial.md in a fresh directory (scripts/dist.sh)
+#   make docs       the documentation site, MkDocs with --strict, into build/site
+
+# pyenv's 3.13 where this machine has it, else python3.13 on PATH.
+PYTHON_DJ6 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13.0/bin/python) python3.13)
+VENV_DJ6   := .venv-dj6
+STAMP_DJ6  := $(VENV_DJ6)/.installed
+DJANGO_DJ6 ?= Django>=6,<7
+
+.PHONY: .venv-dj6 dist docs
+
+.venv-dj6: $(STAMP_DJ6)
+
+$(STAMP_DJ6): pyproject.toml
+	test -x $(VENV_DJ6)/bin/python || $(PYTHON_DJ6) -m venv $(VENV_DJ6)
+	$(VENV_DJ6)/bin/python -m pip install --upgrade pip
+	$(VENV_DJ6)/bin/python -m pip install -e '.[test,postgres-binary,celery,prometheus]' \
+		'$(DJANGO_DJ6)' django-tasks-db
+	touch $@
+
+# `make test` runs the Django 6 leg after the main one (scripts/test.sh, DDE_DJ6_VENV).
+test: $(STAMP_DJ6)
+
+dist: $(STAMP)
+	bash scripts/dist.sh $(BIN)/python
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir build/site

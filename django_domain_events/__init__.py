@@ -1,4 +1,6 @@
-"""django-domain-events: a transactional log of typed domain events with durable reactions.
+"""django-domain-outbox: a transactional log of typed domain events with durable reactions.
+
+The distribution is django-domain-outbox; the import name is django_domain_events.
 
 The public names are imported on first use, because Django imports this package before
 the app registry is ready and most of them need the models.
@@ -9,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# The one place the version is kept: pyproject.toml reads it (setuptools dynamic version).
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {

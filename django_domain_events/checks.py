@@ -47,18 +47,24 @@ def check_wake(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     raw = getattr(django_settings, conf.SETTINGS_NAME, {})
     if conf.problems(raw) or conf.get().WAKE != "notify":
         return []
+    postgres = [alias for alias in connections if connections[alias].vendor == "postgresql"]
+    if not postgres:
+        # Without a PostgreSQL database there may be no psycopg at all (it is an extra).
+        return []
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
+    if is_psycopg3:
+        return []
     return [
         checks.Warning(
             f"Database {alias!r} uses psycopg2, so relays cannot LISTEN and will find new "
             "work only on their poll (POLL_SECONDS).",
-            hint="Install psycopg 3 (pip install 'psycopg[binary]'), or set WAKE='poll' to "
-            "say polling is intended.",
+            hint="Install psycopg 3: pip install 'django-domain-outbox[postgres]' (or "
+            "[postgres-binary] for its prebuilt wheel), or set WAKE='poll' to say polling "
+            "is intended.",
             id="django_domain_events.W001",
         )
-        for alias in connections
-        if connections[alias].vendor == "postgresql" and not is_psycopg3
+        for alias in postgres
     ]
 
 

@@ -6,7 +6,8 @@
 # Runs, in order: ruff check, ruff format --check, mypy; pytest on SQLite;
 # pytest on SQLite with USE_TZ=False; pytest on PostgreSQL when reachable
 # (required when CI=true); pytest on MariaDB when mysqlclient is installed and
-# the server is reachable. Every step runs even if an earlier one failed; the
+# the server is reachable; then the Django 6 leg (see below). Every step runs even
+# if an earlier one failed; the
 # script exits non-zero if any step failed. pytest's exit code 5 (no tests
 # collected) counts as a failure.
 #
@@ -132,6 +133,67 @@ PY
     suite mariadb DDE_TEST_DB=mariadb
 else
     skip "MariaDB suite skipped: not reachable at $my_host:$my_port"
+fi
+
+# ---------------------------------------------------------- Django 6 leg
+# The second leg: Python 3.13 with the newest Django 6.x (.venv-dj6, built by
+# `make .venv-dj6`), on SQLite and PostgreSQL. No lint: django-stubs and mypy
+# follow Django 5.2 on the main leg. Its PostgreSQL test databases carry their own
+# suffix, so the two legs never share one.
+DJ6_PY=${DDE_DJ6_VENV:-.venv-dj6}/bin/python
+
+# dj6_suite NAME VAR=VALUE...: one pytest run on the Django 6 leg.
+dj6_suite() {
+    local name=$1
+    shift
+    banner "pytest [$name]: $*"
+    env "$@" DDE_SQLITE_PATH="$work/$name.sqlite3" \
+        DDE_TEST_DB_SUFFIX="${DDE_TEST_DB_SUFFIX:-}_dj6" \
+        "$DJ6_PY" -m pytest --junitxml="$work/$name.xml" \
+        ${EXTRA[@]+"${EXTRA[@]}"}
+    local rc=$?
+    if [ "$rc" -eq 5 ]; then
+        echo "<== pytest [$name] collected no tests: counted as a failure"
+        failed+=("pytest [$name] (no tests collected)")
+    elif [ "$rc" -ne 0 ]; then
+        echo "<== pytest [$name] FAILED (exit $rc)"
+        failed+=("pytest [$name] (exit $rc)")
+    fi
+}
+
+if [ ! -x "$DJ6_PY" ]; then
+    if [ "$CI" = "true" ]; then
+        echo
+        echo "ERROR: the Django 6 leg is required under CI: $DJ6_PY not found (make .venv-dj6)"
+        failed+=("Django 6 leg ($DJ6_PY not found)")
+    else
+        skip "Django 6 leg skipped: $DJ6_PY not found (make .venv-dj6)"
+    fi
+else
+    banner "Django 6 leg: $("$DJ6_PY" -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.__version__)')"
+    dj6_suite dj6-sqlite DDE_TEST_DB=sqlite
+    if "$DJ6_PY" - <<'PY' 2>/dev/null; then
+import os
+
+import psycopg
+
+psycopg.connect(
+    host=os.environ.get("DDE_PG_HOST", "127.0.0.1"),
+    port=int(os.environ.get("DDE_PG_PORT", "5432")),
+    user=os.environ.get("DDE_PG_USER", "postgres"),
+    password=os.environ.get("DDE_PG_PASSWORD", ""),
+    dbname="postgres",
+    connect_timeout=3,
+).close()
+PY
+        dj6_suite dj6-postgres DDE_TEST_DB=postgres
+    elif [ "$CI" = "true" ]; then
+        echo
+        echo "ERROR: PostgreSQL is required under CI but is not reachable (Django 6 leg)"
+        failed+=("PostgreSQL is required under CI (Django 6 leg)")
+    else
+        skip "Django 6 leg: PostgreSQL suite skipped: not reachable"
+    fi
 fi
 
 # --------------------------------------------------------------- summary

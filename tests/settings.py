@@ -13,6 +13,7 @@ Environment:
 
 import json
 import os
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,11 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# django-tasks-db (on the Django 6 leg): a database-backed django.tasks backend whose
+# db_worker runs the site="task" tests' deliveries in a real worker process.
+if find_spec("django_tasks_db") is not None:
+    INSTALLED_APPS.append("django_tasks_db")
 
 ROOT_URLCONF = "tests.urls"
 
@@ -138,6 +144,10 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 DJANGO_DOMAIN_EVENTS: dict[str, Any] = {"WARN_OUTSIDE_ATOMIC": True}
 # Child processes started by the tests may be given settings of their own.
 DJANGO_DOMAIN_EVENTS.update(json.loads(os.environ.get("DDE_SETTINGS_JSON", "{}")))
+
+# Child processes (a task worker) may be given a TASKS setting of their own.
+if os.environ.get("DDE_TASKS_JSON"):
+    TASKS = json.loads(os.environ["DDE_TASKS_JSON"])
 
 LOGGING = {
     "version": 1,

@@ -66,6 +66,7 @@ def test_psycopg2_with_notify_is_reported(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(psycopg_any, "is_psycopg3", False)
     warnings = [e for e in run_checks() if e.id == "django_domain_events.W001"]
     assert warnings and "POLL_SECONDS" in warnings[0].msg
+    assert "pip install 'django-domain-outbox[postgres]'" in warnings[0].hint
     with override_settings(DJANGO_DOMAIN_EVENTS={"WAKE": "poll"}):
         assert not [e for e in run_checks() if e.id == "django_domain_events.W001"]
 

@@ -7,6 +7,7 @@ Runs on every database; what needs processes is in test_relay_fault_processes.py
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -229,6 +230,12 @@ def _nest(depth: int) -> str:
 )
 @pytest.mark.parametrize("column", ["payload", "scope"])
 def test_d4_a_row_nested_too_deep_to_read_dies_and_the_batch_goes_on(column: str) -> None:
+    try:
+        json.loads(_nest(995))
+    except RecursionError:
+        pass
+    else:  # Python 3.12+ keeps its C stack apart from the recursion limit
+        pytest.skip("this Python's json reads JSON nested 995 deep: no row is too deep")
     ran: list[int] = []
     receiver(OrderPlaced, key="t.deep")(lambda evt: ran.append(evt.order_id))
     poison, healthy = fire_one(OrderPlaced(order_id=1)), fire_one(OrderPlaced(order_id=2))

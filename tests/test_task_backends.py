@@ -1,8 +1,11 @@
 """The shipped task back ends, against real queues: Celery (a real worker process on a
-real Redis broker) and django.tasks (the django-tasks backport on Django 5.2)."""
+real Redis broker) and django.tasks (the django-tasks backport on Django 5.2; Django 6's
+own django.tasks, with django-tasks-db's db_worker as a real worker process)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import os
 import subprocess
@@ -315,3 +318,61 @@ def test_a_task_queue_the_backend_does_not_accept_is_refused_at_enqueue(
     tasks = immediate_tasks(django_tasks_module)
     with override_settings(TASKS=tasks), pytest.raises(Exception, match="nope"):
         DjangoTasksBackend(queue_name="nope").enqueue(1, claimed_by="x", claimed_at="y")
+
+
+# ------------------------------------- django.tasks with a database backend
+
+
+def db_tasks() -> dict[str, Any]:
+    return {
+        "default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"},
+        "events": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["events"]},
+    }
+
+
+@pytest.fixture
+def django_tasks_db() -> Any:
+    if importlib.util.find_spec("django.tasks") is None:
+        pytest.skip("Django 6's django.tasks: the Django 6 leg of make test")
+    return pytest.importorskip("django_tasks_db")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("django_tasks_db")
+def test_a_real_db_worker_delivers_what_the_relay_claimed() -> None:
+    """Django 6's django.tasks end to end: the relay enqueues on django-tasks-db's
+    backend, and its ``db_worker``, a separate process, runs the delivery."""
+    from django_tasks_db.models import DBTaskResult
+
+    declare_task_recorder()
+    event_id = fire_order()
+    setting = {
+        "BACKEND": "django_domain_events.contrib.django_tasks.DjangoTasksBackend",
+        "BACKEND_ALIAS": "events",
+        "QUEUE_NAME": "events",
+    }
+    tasks = db_tasks()
+    with override_settings(TASKS=tasks, DJANGO_DOMAIN_EVENTS={"TASK_BACKEND": setting}):
+        counts = deliver_pending()
+    assert sum(counts.values()) == 0  # a hand-off is not counted
+    assert DBTaskResult.objects.count() == 1
+    assert row_for(event_id).status == DeliveryStatus.CLAIMED  # queued, not yet run
+
+    worker = start_child(
+        "db_task_worker",
+        "--batch",
+        "--backend",
+        "events",
+        "--queue-name",
+        "events",
+        "--no-startup-delay",
+        env={"DDE_TASKS_JSON": json.dumps(tasks)},
+    )
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, f"{out}\n{err}"
+    row = row_for(event_id)
+    assert (row.status, row.attempts) == (DeliveryStatus.SUCCEEDED, 1), f"{out}\n{err}"
+    assert row.claimed_by != "deliver_pending"  # the worker took the row over
+    assert list(Delivered.objects.values_list("delivery_id", flat=True)) == [row.id]
+    (result,) = DBTaskResult.objects.all()
+    assert result.status == "SUCCESSFUL", f"{out}\n{err}"
