@@ -312,6 +312,7 @@ def _loop(
     outage_pause = min(settings.POLL_SECONDS, 2.0)
     last_prune = last_activity = last_compact = float("-inf")
     done = 0
+    was_busy = False
     try:
         while not state.stop() and (passes is None or done < passes):
             if limit is not None and state.claimed >= limit:
@@ -320,6 +321,9 @@ def _loop(
                 _hand_back(state)
                 if pools is not None:
                     pools.wake.clear()
+                    # Read before claiming: rows that finish during the claim must not
+                    # make a pass that found every slot full look idle.
+                    was_busy = pools.busy()
                     claimed = pools.fill(state, batch_size, lane_batch_sizes, limit)
                 else:
                     claimed = run_pass(state, lanes, batch_size, lane_batch_sizes, limit)
@@ -342,7 +346,7 @@ def _loop(
             if time.monotonic() - last_compact >= TALLY_COMPACT_SECONDS:
                 last_compact = time.monotonic()
                 _compact_tally(alias)
-            busy = pools is not None and pools.busy()
+            busy = pools is not None and (was_busy or pools.busy())
             if once and not claimed and not busy:
                 break
             if claimed:
