@@ -21,6 +21,7 @@ from .delivery.outcomes import receiver_lifetime_end
 from .delivery.wake import wake_after_commit
 from .firing import resolve_due, resolve_targets
 from .models import DeliveryRecord, DeliveryStatus, EventRecord
+from .retention import remember_successes
 
 REOPENABLE = (
     DeliveryStatus.SUCCEEDED,
@@ -285,9 +286,12 @@ def purge_dead(
             "dead letter; narrow it, or pass all=True."
         )
     rows = dead_letters(receiver_key=receiver_key, event_name=event_name, older_than=older_than)
-    count, _ = (
-        DeliveryRecord.objects.using(_alias())
-        .filter(pk__in=list(rows.values_list("pk", flat=True)))
-        .delete()
-    )
+    alias = _alias()
+    with transaction.atomic(using=alias):
+        going = DeliveryRecord.objects.using(alias).filter(
+            pk__in=list(rows.values_list("pk", flat=True))
+        )
+        # A dead row may have succeeded before a replay: keep that for quiet_receivers().
+        remember_successes(alias, going)
+        count, _ = going.delete()
     return count
