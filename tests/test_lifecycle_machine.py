@@ -62,6 +62,7 @@ from django_domain_events import (
     PermanentFailure,
     RetryAfter,
     cancel_deliveries,
+    deliver_one,
     deliver_pending,
     fire,
     outbox_health,
@@ -105,7 +106,12 @@ TTL = timedelta(minutes=30)
 GONE = "m.gone"  # a receiver the machine removes from the code and declares again
 
 # What a receiver does when it runs.
-BEHAVIOURS = ("ok", "fail", "permanent", "retry_after", "defer", "not_yet")
+BEHAVIOURS = ("ok", "fail", "permanent", "retry_after", "defer", "not_yet", "killed")
+
+
+class WorkerKilled(BaseException):  # noqa: N818 - what it stands for
+    """The worker dies in the middle of the receiver (kill -9): nothing is recorded, and the
+    delivery transaction goes with the connection."""
 
 
 @dataclass
@@ -151,6 +157,8 @@ def behave(evt: object, ctx: DeliveryContext) -> None:
         raise RetryAfter(45, reason="busy", counts=False)
     if what == "not_yet":
         raise NotYet(max(PLAN.now, timezone.now()) + PLAN.not_yet_for, reason="moved")
+    if what == "killed":
+        raise WorkerKilled
 
 
 def fan(evt: Brief, ctx: DeliveryContext) -> list[str]:
@@ -196,9 +204,14 @@ def declare_receivers() -> None:
     receiver(UntilSettled, key="m.soon", due=timedelta(minutes=10), max_attempts=2, **durable)(
         behave
     )
+    # And on a lane of its own, a receiver whose lease (20 minutes) is longer than the
+    # claims': its lease is extended before it runs.
+    receiver(
+        UntilSettled, key="m.slow", lane="slow", lease_seconds=1200, max_attempts=2, **durable
+    )(behave)
 
 
-KEYS = ("m.now", "m.later", "m.fan", "m.ttl", GONE, "m.defer", "m.soon")
+KEYS = ("m.now", "m.later", "m.fan", "m.ttl", GONE, "m.defer", "m.soon", "m.slow")
 EVENT_KINDS = ("order", "brief", "consumed", "settled")
 
 
@@ -341,8 +354,9 @@ class Lifecycle(RuleBasedStateMachine):
         limit=st.integers(min_value=1, max_value=4),
         lease_seconds=st.sampled_from([60, 600]),
         ignore_backoff=st.booleans(),
+        lane=st.sampled_from([None, "default", "slow"]),
     )
-    def claim(self, limit: int, lease_seconds: int, ignore_backoff: bool) -> None:
+    def claim(self, limit: int, lease_seconds: int, ignore_backoff: bool, lane: str | None) -> None:
         self.step = "claim"
         worker = f"w{next(self.ids)}"
         now = self.tick()
@@ -351,6 +365,7 @@ class Lifecycle(RuleBasedStateMachine):
             now=now,
             lease=timedelta(seconds=lease_seconds),
             limit=limit,
+            lane=lane,
             ignore_backoff=ignore_backoff,
         )
         assert len(claims) <= limit
@@ -362,6 +377,8 @@ class Lifecycle(RuleBasedStateMachine):
             assert before.available_at <= now or ignore_backoff and before.status == "failed", (
                 "claimed a row before its available_at"
             )
+            if lane is not None:
+                assert (c.receiver_key == "m.slow") == (lane == "slow"), (lane, c.receiver_key)
         event(f"claim: {len(claims)} rows")
         if claims:
             self.batches.append(Batch(worker, now, list(claims)))
@@ -379,19 +396,29 @@ class Lifecycle(RuleBasedStateMachine):
         for behaviour in behaviours:
             if not batch.todo:
                 break
-            self.run_one(batch, batch.todo.pop(0), behaviour)
+            if not self.run_one(batch, batch.todo.pop(0), behaviour):
+                batch.todo.clear()  # killed: the worker is gone with the rest of its batch
         if not batch.todo:
             self.batches.remove(batch)
 
-    def run_one(self, batch: Batch, claim: Claim, behaviour: str) -> None:
+    def run_one(self, batch: Batch, claim: Claim, behaviour: str) -> bool:
+        """Run one claimed row; False when the worker was killed in the receiver."""
         self.tick()
         # The row is gone when it settled and its event was pruned.
         values = DeliveryRecord.objects.filter(pk=claim.id).values_list(*FIELDS).first()
         held = values is not None and Row(*values).held_by(claim)
         PLAN.by_row[claim.id] = behaviour
         logged = RunLog.objects.filter(delivery_id=claim.id).count()
-        status, _ = attempt(claim, now=batch.claimed_at)
-        PLAN.by_row.pop(claim.id, None)
+        try:
+            status, _ = attempt(claim, now=batch.claimed_at)
+        except WorkerKilled:
+            event("a worker was killed in a receiver")
+            after = DeliveryRecord.objects.get(pk=claim.id)
+            assert after.status == CLAIMED and after.claimed_by == claim.claimed_by
+            assert RunLog.objects.filter(delivery_id=claim.id).count() == logged
+            return False
+        finally:
+            PLAN.by_row.pop(claim.id, None)
         event(f"run {behaviour}: {status.value if status else 'lease lost'}")
         if not held:
             assert status is None, f"a claim that no longer held row {claim.id} recorded {status}"
@@ -404,6 +431,7 @@ class Lifecycle(RuleBasedStateMachine):
             assert after.status == status.value
         if status == DeliveryStatus.SUCCEEDED:
             assert behaviour == "ok"
+        return True
 
     @precondition(lambda self: bool(self.batches))
     @rule(which=st.integers(min_value=0))
@@ -432,13 +460,36 @@ class Lifecycle(RuleBasedStateMachine):
         """A relay pass (``deliver_pending``) at the machine's clock."""
         self.step = "drain"
         PLAN.queue[:] = behaviours
-        deliver_pending(
-            limit,
-            worker_id=f"d{next(self.ids)}",
-            ignore_backoff=ignore_backoff,
-            now=self.tick(),
-        )
+        try:
+            deliver_pending(
+                limit,
+                worker_id=f"d{next(self.ids)}",
+                ignore_backoff=ignore_backoff,
+                now=self.tick(),
+            )
+        except WorkerKilled:
+            event("a drain was killed in a receiver")  # its batch stays claimed
         PLAN.queue.clear()
+
+    @rule(data=st.data(), behaviour=st.sampled_from(BEHAVIOURS))
+    def deliver_one_row(self, data: st.DataObject, behaviour: str) -> None:
+        """``deliver_one(delivery_id)``: one row now, on the real clock."""
+        if not self.before:
+            return
+        self.step = "deliver_one"
+        pk = data.draw(st.sampled_from(sorted(self.before)), label="delivery_id")
+        before = self.before[pk]
+        PLAN.by_row[pk] = behaviour
+        try:
+            status = deliver_one(pk, worker_id=f"o{next(self.ids)}")
+        except WorkerKilled:
+            event("deliver_one was killed in a receiver")
+            return
+        finally:
+            PLAN.by_row.pop(pk, None)
+        event(f"deliver_one {behaviour}: {status.value if status else None}")
+        if status is not None:
+            assert before.owed, before
 
     @rule(job=st.sampled_from(["sweep", "fold_tally", "toggle_gone"]))
     def housekeeping(self, job: str) -> None:
@@ -720,6 +771,19 @@ class Lifecycle(RuleBasedStateMachine):
             if (f.owed, f.dead, f.scheduled, f.claimed) != (0, 0, 0, 0)
         }
         assert per_receiver == wanted
+        lanes = {lane.lane: lane for lane in health.lanes}
+        slow = expected.get("m.slow", Figures())
+        got_slow = lanes["slow"]
+        assert (got_slow.owed, got_slow.dead, got_slow.scheduled, got_slow.claimed) == (
+            slow.owed,
+            slow.dead,
+            slow.scheduled,
+            slow.claimed,
+        )
+        assert sum(lane.owed for lane in health.lanes) == health.owed
+        assert sum(lane.dead for lane in health.lanes) == health.dead
+        assert sum(lane.scheduled for lane in health.lanes) == health.scheduled
+        assert sum(lane.claimed for lane in health.lanes) == health.claimed
         declared = {r.key for r in registry.receivers if r.durable}
         assert declared <= {r.key for r in health.receivers}
 
