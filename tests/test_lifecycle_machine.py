@@ -186,9 +186,12 @@ class QueueBackend:
 
 
 TASK = "m.task"
+DEAD_LETTER_TTL = timedelta(hours=6)
 SETTINGS = {
     "WARN_OUTSIDE_ATOMIC": True,
     "TASK_BACKEND": f"{__name__}.QueueBackend",
+    # Every prune first deletes the dead letters that died this long before its now=.
+    "DEAD_LETTER_TTL_SECONDS": DEAD_LETTER_TTL.total_seconds(),
 }
 
 
@@ -709,9 +712,19 @@ class Lifecycle(RuleBasedStateMachine):
         moment = self.tick()
         window = older_than if older_than is not None else timedelta(days=90)
         before_events = events()
+        # First the dead letters past DEAD_LETTER_TTL_SECONDS, then the events as settled
+        # without them.
+        expired_letters = {
+            r.id
+            for r in self.before.values()
+            if r.status == DEAD
+            and r.completed_at is not None
+            and r.completed_at <= moment - DEAD_LETTER_TTL
+        }
         statuses: dict[int, list[str]] = {pk: [] for pk in before_events}
         for r in self.before.values():
-            statuses[r.event_id].append(r.status)
+            if r.id not in expired_letters:
+                statuses[r.event_id].append(r.status)
         expected = {
             pk
             for pk, (delete_when, prune_after, recorded_at) in before_events.items()
@@ -719,7 +732,9 @@ class Lifecycle(RuleBasedStateMachine):
         }
         assert prune_events(older_than, now=moment) == len(expected)
         event(f"prune: {'some' if expected else 'none'} pruned")
+        event(f"prune: {'some' if expired_letters else 'no'} dead letters expired")
         assert before_events.keys() - events().keys() == expected
+        assert not expired_letters & rows().keys()
 
     # Invariants ---------------------------------------------------------------------
 
@@ -823,6 +838,8 @@ class Lifecycle(RuleBasedStateMachine):
                 assert r.completed_at is None, r
             if r.status == SUCCEEDED:
                 assert r.succeeded_at is not None, r
+            elif r.succeeded_at is not None:
+                event(f"a {r.status} row carries an earlier success (after a step: {self.step})")
             if r.receiver_key == "m.ttl":
                 assert r.expires_at == r.due_at + TTL, r
             else:
