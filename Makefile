@@ -1,7 +1,8 @@
 # Build and test entry points. Nothing here needs root.
 #   make demo    build .venv, run the example project end to end on SQLite
 #   make test    build .venv, lint, run the suite on SQLite (USE_TZ on and off),
-#                PostgreSQL and MariaDB where reachable (PostgreSQL required under CI=true)
+#                PostgreSQL and MariaDB where reachable (both required under CI=true,
+#                and then mysqlclient must install)
 #   make lint    ruff check, ruff format --check, mypy
 #   make format  ruff format, ruff check --fix
 #   make bench   run the benchmarks
@@ -25,7 +26,13 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install -e '.[$(EXTRAS)]'
-	$(BIN)/python -m pip install mysqlclient || echo "mysqlclient unavailable: MariaDB suite skipped"
+	$(BIN)/python -m pip install mysqlclient || { \
+		if [ "$${CI:-}" = true ]; then \
+			echo "error: mysqlclient is required under CI=true (needs libmariadb-dev and pkg-config)" >&2; \
+			exit 1; \
+		fi; \
+		echo "mysqlclient unavailable: MariaDB suite skipped"; \
+	}
 	touch $@
 
 demo: $(STAMP)

@@ -21,6 +21,7 @@ from .delivery.outcomes import receiver_lifetime_end
 from .delivery.wake import wake_after_commit
 from .firing import resolve_due, resolve_targets
 from .models import DeliveryRecord, DeliveryStatus, EventRecord, database_alias
+from .retention import remember_successes
 
 REOPENABLE = (
     DeliveryStatus.SUCCEEDED,
@@ -293,7 +294,10 @@ def purge_dead(
             rows.filter(pk__gt=after).order_by("pk").values_list("pk", "event_id")[:size]
         ):
             lock_events(alias, sorted({event_id for _, event_id in batch}))
-            count, _ = rows.filter(pk__in=[pk for pk, _ in batch]).delete()
+            going = rows.filter(pk__in=[pk for pk, _ in batch])
+            # A dead row may have succeeded before a replay: keep that for quiet_receivers().
+            remember_successes(alias, going)
+            count, _ = going.delete()
             purged += count
             after = batch[-1][0]
     return purged

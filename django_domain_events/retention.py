@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from django.db import connections, transaction
-from django.db.models import Count, Exists, Max, OuterRef, Q
+from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet
 from django.db.models.expressions import Combinable
 
 from . import clock, conf
@@ -118,17 +118,22 @@ def _delete_batch(batch: Sequence[int], moment: datetime, window: timedelta) -> 
         still = list(events.filter(_prunable(moment, window)).values_list("pk", flat=True))
         if not still:
             return 0
-        remember_successes(alias, still)
-        DeliveryRecord.objects.using(alias).filter(event_id__in=still).delete()
+        going = DeliveryRecord.objects.using(alias).filter(event_id__in=still)
+        remember_successes(alias, going)
+        going.delete()
         EventRecord.objects.using(alias).filter(pk__in=still).delete()
     return len(still)
 
 
-def remember_successes(alias: str, event_ids: Sequence[int]) -> None:
-    """Keep each receiver's newest success among these events' rows before they go."""
+def remember_successes(alias: str, rows: QuerySet[DeliveryRecord]) -> None:
+    """Keep each receiver's newest success among ``rows`` before they are deleted.
+
+    Any row may carry one: ``succeeded_at`` stays through a replay, so a row that succeeded,
+    was replayed and then died still shows when its receiver last succeeded.
+    """
     newest = (
-        DeliveryRecord.objects.using(alias)
-        .filter(event_id__in=event_ids, succeeded_at__isnull=False)
+        rows.filter(succeeded_at__isnull=False)
+        .order_by()
         .values("receiver_key")
         .annotate(last=Max("succeeded_at"))
     )
@@ -158,5 +163,7 @@ def _delete_old_dead_letters(cutoff: datetime, rows_per_batch: int) -> int:
             events = EventRecord.objects.using(alias).filter(pk__in={e for _, e in batch})
             if connections[alias].features.has_select_for_update:
                 list(events.order_by("pk").select_for_update().values_list("pk", flat=True))
-            count, _ = dead.filter(pk__in=[pk for pk, _ in batch]).delete()
+            going = dead.filter(pk__in=[pk for pk, _ in batch])
+            remember_successes(alias, going)
+            count, _ = going.delete()
         deleted += count

@@ -4,12 +4,13 @@
 #   bash scripts/test.sh [extra pytest arguments]     (normally via `make test`)
 #
 # Runs, in order: ruff check, ruff format --check, mypy; pytest on SQLite;
-# pytest on SQLite with USE_TZ=False; pytest on PostgreSQL when reachable
-# (required when CI=true); pytest on MariaDB when mysqlclient is installed and
-# the server is reachable; then the Django 6 leg (see below). Every step runs even
-# if an earlier one failed; the
-# script exits non-zero if any step failed. pytest's exit code 5 (no tests
-# collected) counts as a failure.
+# pytest on SQLite with USE_TZ=False; pytest on PostgreSQL when reachable;
+# pytest on MariaDB when mysqlclient is installed and the server is reachable;
+# then the Django 6 leg (see below). Under CI=true PostgreSQL and MariaDB are
+# both required: an unreachable server, or mysqlclient missing, is a failure, not
+# a skip. Every step runs even if an earlier one failed; the script exits
+# non-zero if any step failed. pytest's exit code 5 (no tests collected) counts
+# as a failure.
 #
 # Connection settings (see tests/settings.py): DDE_PG_HOST/PORT/USER/PASSWORD,
 # DDE_MYSQL_HOST/PORT/USER/PASSWORD.
@@ -113,10 +114,17 @@ if ! "$PY" -c 'import MySQLdb' 2>/dev/null && command -v pkg-config >/dev/null 2
     && { pkg-config --exists libmariadb || pkg-config --exists mysqlclient; }; then
     # The headers appeared after .venv was built: try once more.
     banner "installing mysqlclient (client headers found)"
-    "$PY" -m pip install --quiet mysqlclient || echo "mysqlclient unavailable: MariaDB suite skipped"
+    "$PY" -m pip install --quiet mysqlclient || echo "mysqlclient could not be installed"
 fi
 if ! "$PY" -c 'import MySQLdb' 2>/dev/null; then
-    skip "MariaDB suite skipped: mysqlclient is not installed (needs libmariadb-dev to build)"
+    if [ "$CI" = "true" ]; then
+        echo
+        echo "ERROR: MariaDB is required under CI but mysqlclient is not installed" \
+            "(it builds against libmariadb-dev, found with pkg-config)"
+        failed+=("MariaDB is required under CI (mysqlclient is not installed)")
+    else
+        skip "MariaDB suite skipped: mysqlclient is not installed (needs libmariadb-dev and pkg-config to build)"
+    fi
 elif "$PY" - <<'PY' 2>/dev/null; then
 import os
 
@@ -131,6 +139,10 @@ MySQLdb.connect(
 ).close()
 PY
     suite mariadb DDE_TEST_DB=mariadb
+elif [ "$CI" = "true" ]; then
+    echo
+    echo "ERROR: MariaDB is required under CI but is not reachable at $my_host:$my_port"
+    failed+=("MariaDB is required under CI (not reachable at $my_host:$my_port)")
 else
     skip "MariaDB suite skipped: not reachable at $my_host:$my_port"
 fi

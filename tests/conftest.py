@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,6 +51,32 @@ def start_child(
     )
 
 
+def start_together(
+    script: str, args: list[tuple[str, ...]], env: dict[str, str] | None = None
+) -> list[subprocess.Popen[str]]:
+    """Start one ``tests/procs/<script>.py`` child per argument tuple and let them begin their
+    work at the same moment, once every one has booted: a slow start on a loaded host cannot
+    leave one child with all the work (the script calls ``tests.procs.ready_then_go``)."""
+    signals = Path(tempfile.mkdtemp(prefix="dde-go-"))
+    go = signals / "go"
+    children = [
+        start_child(
+            script,
+            *child_args,
+            env={
+                **(env or {}),
+                "DDE_READY_FILE": str(signals / f"ready-{i}"),
+                "DDE_GO_FILE": str(go),
+            },
+        )
+        for i, child_args in enumerate(args)
+    ]
+    for i in range(len(children)):
+        wait_for((signals / f"ready-{i}").exists, 120, f"child {i} of {script} to boot")
+    go.touch()
+    return children
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:
     """Poll until ``predicate`` holds, as a child process works; returns the seconds it took."""
     start = time.monotonic()
@@ -58,6 +85,17 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
     return time.monotonic() - start
+
+
+def relay_listening() -> bool:
+    """A relay process has LISTENed on this test database (PostgreSQL), so the NOTIFY of a
+    commit from now on wakes it: poll this rather than sleep until it has started."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query LIKE 'LISTEN %%'"
+        )
+        return bool(cursor.fetchone()[0])
 
 
 needs_postgresql = pytest.mark.skipif(

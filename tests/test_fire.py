@@ -252,22 +252,32 @@ def test_occurred_at_is_the_domains_time_and_recorded_at_the_write_time() -> Non
     assert row.recorded_at > then + timedelta(days=2)
 
 
-def test_fire_outside_atomic_records_and_warns() -> None:
-    # pytest-django wraps this test in a transaction; leave it to look like autocommit.
+@pytest.mark.django_db(transaction=True)
+def test_fire_in_autocommit_records_and_warns() -> None:
+    # A real autocommit connection: no test transaction around this test.
+    assert connection.get_autocommit() and not connection.in_atomic_block
     with pytest.warns(OutsideAtomicWarning, match="outside transaction.atomic"):
-        connection.in_atomic_block, saved = False, connection.in_atomic_block
-        try:
-            event_id = fire(Pinged())
-        finally:
-            connection.in_atomic_block = saved
-    assert EventRecord.objects.filter(pk=event_id).exists()
+        event_id = fire(Pinged())
+    # Recorded, and committed on its own: another connection sees it at once.
+    other = connection.copy()
+    try:
+        with other.cursor() as cursor:
+            cursor.execute(
+                f"SELECT count(*) FROM {EventRecord._meta.db_table} WHERE id = %s", [event_id]
+            )
+            assert cursor.fetchone()[0] == 1
+    finally:
+        other.close()
 
 
-def test_no_warning_inside_atomic() -> None:
+@pytest.mark.django_db(transaction=True)
+def test_no_warning_inside_atomic_on_an_autocommit_connection() -> None:
+    assert connection.get_autocommit()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with transaction.atomic():
-            fire(Pinged())
+            event_id = fire(Pinged())
+    assert EventRecord.objects.filter(pk=event_id).exists()
 
 
 def test_an_unencodable_payload_is_refused_inside_fire_naming_the_field() -> None:

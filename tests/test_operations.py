@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.core.management import CommandError
 from django.db import connection, transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from django_domain_events import (
@@ -17,6 +18,7 @@ from django_domain_events import (
     drain_outbox,
     fire,
     prune_events,
+    purge_dead,
     quiet_receivers,
     receiver,
     registry,
@@ -348,3 +350,35 @@ def test_a_replayed_success_still_counts_for_quiet_receivers() -> None:
     replay_events([event_id])
     assert rows(event_id)["t.again"].status == DeliveryStatus.PENDING
     assert quiet_receivers(within=timedelta(days=1)) == []
+
+
+@pytest.mark.parametrize("deleted_by", ["purge_dead", "DEAD_LETTER_TTL_SECONDS"])
+def test_a_success_survives_when_its_row_dies_after_a_replay_and_is_deleted(
+    deleted_by: str,
+) -> None:
+    """Found by tests/test_lifecycle_machine.py: a row that succeeded, was replayed and then
+    died still carries its success; deleting it as a dead letter (purge_dead, or the prune's
+    dead-letter lifetime) lost that success, and quiet_receivers() then said the receiver
+    never succeeded."""
+    outcomes = iter(["ok", "fail"])
+
+    def once_then_never(evt: OrderPlaced) -> None:
+        if next(outcomes) == "fail":
+            raise ConnectionError("unreachable")
+
+    receiver(OrderPlaced, key="t.once", max_attempts=1)(once_then_never)
+    event_id = fire_one(OrderPlaced(order_id=1))
+    drain_outbox()
+    succeeded_at = rows(event_id)["t.once"].succeeded_at
+    assert succeeded_at is not None
+    replay_events([event_id])
+    drain_outbox()
+    assert rows(event_id)["t.once"].status == DeliveryStatus.DEAD
+    if deleted_by == "purge_dead":
+        assert purge_dead(receiver_key="t.once") == 1
+    else:
+        with override_settings(DJANGO_DOMAIN_EVENTS={"DEAD_LETTER_TTL_SECONDS": 60}):
+            prune_events(now=timezone.now() + timedelta(hours=1))
+    assert not DeliveryRecord.objects.filter(receiver_key="t.once").exists()
+    (quiet,) = quiet_receivers(within=timedelta(microseconds=1), now=timezone.now())
+    assert (quiet.key, quiet.last_succeeded_at) == ("t.once", succeeded_at)

@@ -9,7 +9,7 @@ from django_domain_events import DeliveryStatus, fire
 from django_domain_events.models import DeliveryRecord
 from tests.app.events import OrderPlaced
 from tests.app.models import Delivered
-from tests.conftest import needs_postgresql, start_child
+from tests.conftest import needs_postgresql, start_together
 from tests.procs.receivers import RECORDER_KEY, declare_recorder
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql]
@@ -20,7 +20,8 @@ def test_two_processes_drain_2000_rows_each_exactly_once() -> None:
     with transaction.atomic():
         for n in range(2000):
             fire(OrderPlaced(order_id=n))
-    children = [start_child("drain", f"worker-{i}") for i in range(2)]
+    # Both begin draining at one moment, so each takes part however slowly it booted.
+    children = start_together("drain", [(f"worker-{i}",) for i in range(2)])
     outputs = [child.communicate(timeout=240) for child in children]
     for child, (_, err) in zip(children, outputs, strict=True):
         assert child.returncode == 0, err

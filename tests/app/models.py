@@ -16,3 +16,12 @@ class Delivered(models.Model):
     event_id = models.BigIntegerField()
     target = models.CharField(max_length=255, blank=True, default="")
     note = models.CharField(max_length=255, blank=True, default="")
+
+
+class RunLog(models.Model):
+    """One row per receiver run that committed, with no unique constraint, so a delivery that
+    ran twice shows up as two rows (tests/test_lifecycle_machine.py)."""
+
+    delivery_id = models.BigIntegerField(db_index=True)
+    receiver_key = models.CharField(max_length=255)
+    attempt = models.PositiveIntegerField()

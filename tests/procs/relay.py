@@ -2,7 +2,8 @@
 
 Usage: relay.py [deliver_events arguments...]
 Environment: DDE_SLOW_SECONDS makes the recorder sleep before writing (default 0);
-DDE_READY_FILE, when set, is created once the relay has started; DDE_RECEIVERS=run_log
+DDE_READY_FILE, when set, is created once the relay is about to start; with DDE_GO_FILE
+it then waits for that file (``tests.procs.ready_then_go``); DDE_RECEIVERS=run_log
 declares only the run logger (tests.procs.receivers.log_run), DDE_RECEIVERS=with_failing
 adds an always failing receiver on the mail lane (declare_failing); DDE_SPANS_FILE, when
 set, turns contrib.opentelemetry on and writes the spans there as JSON lines.
@@ -19,6 +20,7 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 
+from tests.procs import ready_then_go  # noqa: E402
 from tests.procs.receivers import (  # noqa: E402
     declare_all,
     declare_failing,
@@ -35,6 +37,5 @@ else:
     declare_all()
 if os.environ.get("DDE_RECEIVERS") == "with_failing":
     declare_failing()
-if os.environ.get("DDE_READY_FILE"):
-    open(os.environ["DDE_READY_FILE"], "w").close()
+ready_then_go()
 call_command("deliver_events", *sys.argv[1:])
