@@ -84,7 +84,7 @@ from django_domain_events.models import (
     TERMINAL_VALUES,
     DeliveryRecord,
     EventRecord,
-    LanePause,
+    LanePauseRecord,
     ReceiverMark,
     ScheduledTally,
 )
@@ -304,7 +304,14 @@ def events() -> dict[int, tuple[str, datetime | None, datetime]]:
 
 
 def clean_slate() -> None:
-    for model in (DeliveryRecord, EventRecord, ScheduledTally, LanePause, ReceiverMark, RunLog):
+    for model in (
+        DeliveryRecord,
+        EventRecord,
+        ScheduledTally,
+        LanePauseRecord,
+        ReceiverMark,
+        RunLog,
+    ):
         model.objects.all().delete()
 
 
