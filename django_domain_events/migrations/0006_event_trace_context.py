@@ -4,7 +4,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_domain_events", "0004_lane_pause_record")]
+    dependencies = [("django_domain_events", "0005_error_type_and_dashboard_indexes")]
 
     operations = [
         migrations.AddField(
