@@ -456,7 +456,9 @@ def _series_sql(event_set: dict[str, str], delivery_set: dict[str, str]) -> str:
     quote = connection.ops.quote_name
 
     def columns(model: type[Any], computed: dict[str, str]) -> tuple[str, str]:
-        names = [f.column for f in model._meta.concrete_fields if not f.primary_key]
+        names = [
+            f.column for f in model._meta.concrete_fields if not (f.primary_key or f.generated)
+        ]
         unknown = set(computed) - set(names)
         if unknown:
             raise RuntimeError(f"seeding: {model.__name__} has no column {sorted(unknown)}")
