@@ -16,15 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
-from django.db import router
+from django.db import connections, router
 from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncMinute
 
 from . import clock
 from .introspect import OutboxHealth, outbox_health
-from .models import OWED_VALUES, DeliveryRecord, DeliveryStatus, ScheduledTally
+from .models import OWED_VALUES, STATUS_SQL, DeliveryRecord, DeliveryStatus, ScheduledTally
 from .tally import HOUR, horizon
 
 Rows = QuerySet[DeliveryRecord]
@@ -139,7 +140,7 @@ def _truncated(field: str) -> TruncMinute:
 
 def _minutes(rows: Rows, moment: datetime) -> tuple[MinuteBar, ...]:
     """Two range reads: settled rows by ``completed_at`` (the dde_delivery_completed
-    index), failed ones by ``claimed_at`` (failed rows are owed: a short read)."""
+    index), failed ones by ``claimed_at`` among the owed rows due by now."""
     end = _minute(moment) + MINUTE
     start = end - MINUTES * MINUTE
     counts: dict[tuple[datetime, str], int] = {}
@@ -155,7 +156,14 @@ def _minutes(rows: Rows, moment: datetime) -> tuple[MinuteBar, ...]:
         .order_by()
     )
     failed = (
-        rows.filter(status=DeliveryStatus.FAILED, claimed_at__gte=start, claimed_at__lt=end)
+        # A failed row is due (its due time has passed): the range of the due index
+        # keeps rows scheduled for later out of the read.
+        rows.filter(
+            status=DeliveryStatus.FAILED,
+            due_at__lte=moment,
+            claimed_at__gte=start,
+            claimed_at__lt=end,
+        )
         .annotate(minute=_truncated("claimed_at"))
         .values("minute", "status")
         .annotate(n=Count("*"))
@@ -180,28 +188,69 @@ def _minutes(rows: Rows, moment: datetime) -> tuple[MinuteBar, ...]:
 
 
 def _ages(rows: Rows, moment: datetime) -> tuple[AgeBar, ...]:
-    """One read of the owed rows due by ``moment`` (the dde_delivery_due index), counted
-    into each bucket; rows past their lifetime are left out, as ``outbox_health()``
-    counts them dead."""
+    """One read of the owed rows due by ``moment`` (a range of the dde_delivery_due
+    index), counted into each bucket; rows past their lifetime are left out, as
+    ``outbox_health()`` counts them dead."""
     bounds = []
     for label, youngest, oldest in AGE_BUCKETS:
         due_after = None if oldest is None else moment - oldest
         bounds.append((label, due_after, moment - youngest))
-    aggregates = {}
-    for index, (_, due_after, due_until) in enumerate(bounds):
-        within = Q(due_at__lte=due_until)
-        if due_after is not None:
-            within &= Q(due_at__gt=due_after)
-        aggregates[f"b{index}"] = Count("pk", filter=within)
-    found = (
-        rows.filter(status__in=OWED_VALUES, due_at__lte=moment)
-        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=moment))
-        .aggregate(**aggregates)
-    )
+    connection = connections[rows.db]
+    if connection.vendor == "postgresql":
+        counts = _ages_postgresql(connection, moment, bounds)
+    else:
+        aggregates = {}
+        for index, (_, due_after, due_until) in enumerate(bounds):
+            within = Q(due_at__lte=due_until)
+            if due_after is not None:
+                within &= Q(due_at__gt=due_after)
+            aggregates[f"b{index}"] = Count("pk", filter=within)
+        found = (
+            rows.filter(status__in=OWED_VALUES, due_at__lte=moment)
+            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=moment))
+            .aggregate(**aggregates)
+        )
+        counts = [found[f"b{index}"] or 0 for index in range(len(bounds))]
     return tuple(
-        AgeBar(label=label, due_after=due_after, due_until=due_until, owed=found[f"b{i}"] or 0)
+        AgeBar(label=label, due_after=due_after, due_until=due_until, owed=counts[i])
         for i, (label, due_after, due_until) in enumerate(bounds)
     )
+
+
+_AGES_SQL = """
+SELECT {buckets}
+FROM (
+    SELECT due_at FROM {table}
+    WHERE status IN {owed} AND due_at <= %(now)s
+      AND (expires_at IS NULL OR expires_at > %(now)s)
+    ORDER BY due_at
+) AS owed
+"""
+
+
+def _ages_postgresql(
+    connection: Any, moment: datetime, bounds: list[tuple[str, datetime | None, datetime]]
+) -> list[int]:
+    """The ages in index order inside a sub-select, as ``introspect._owed_before()`` reads
+    them: without the order the planner may read every owed row, scheduled ones too."""
+    params: dict[str, Any] = {"now": moment}
+    buckets = []
+    for index, (_, due_after, due_until) in enumerate(bounds):
+        params[f"until{index}"] = due_until
+        test = f"due_at <= %(until{index})s"
+        if due_after is not None:
+            params[f"after{index}"] = due_after
+            test += f" AND due_at > %(after{index})s"
+        buckets.append(f"count(*) FILTER (WHERE {test})")
+    sql = _AGES_SQL.format(
+        buckets=", ".join(buckets),
+        table=connection.ops.quote_name(DeliveryRecord._meta.db_table),
+        owed=STATUS_SQL["owed"],
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return [int(n) for n in row]
 
 
 def _days(alias: str, rows: Rows, moment: datetime) -> tuple[DayBar, ...]:
