@@ -8,6 +8,7 @@ screenshot of the page (how ``docs/images/dashboard.png`` is made).
 from __future__ import annotations
 
 import os
+import random
 import re
 from datetime import timedelta
 from typing import Any
@@ -131,7 +132,43 @@ def test_figures_charts_and_tables(page: Page, live_server: Any, outbox: None) -
 
     screenshot = os.environ.get("DDE_DASHBOARD_SCREENSHOT")
     if screenshot:
+        _an_hour_of_traffic()
+        page.reload()
         page.screenshot(path=screenshot, full_page=True)
+
+
+def _an_hour_of_traffic() -> None:
+    """More rows, their times spread over the last hour and the week ahead: the picture
+    in docs/images/dashboard.png."""
+    rng = random.Random(14)
+    receiver(OrderPlaced, key="shop.send_receipt")(ok)
+    receiver(OrderPlaced, key="shop.notify_crm", max_attempts=1)(
+        lambda evt: (_ for _ in ()).throw(ConnectionError("crm.example.com refused"))
+    )
+    receiver(OrderPlaced, key="shop.expire_offer", due=timedelta(hours=30))(ok)
+    for order_id in range(400):
+        fire_one(OrderPlaced(order_id=order_id))
+    drain_outbox(respect_backoff=True)
+    now = timezone.now()
+    for pk in DeliveryRecord.objects.filter(completed_at__isnull=False).values_list(
+        "pk", flat=True
+    ):
+        at = now - timedelta(seconds=rng.triangular(0, 3600, 600))
+        DeliveryRecord.objects.filter(pk=pk).update(completed_at=at, succeeded_at=at)
+    for pk in DeliveryRecord.objects.filter(status="pending", due_at__gt=now).values_list(
+        "pk", flat=True
+    )[:150]:
+        due = now + timedelta(hours=rng.uniform(30, 150))
+        DeliveryRecord.objects.filter(pk=pk).update(due_at=due, available_at=due)
+    from django_domain_events import tally
+
+    tally.recount()
+    for order_id in range(40):
+        fire_one(Pinged(n=order_id))
+    late = DeliveryRecord.objects.filter(status="pending", due_at__lte=timezone.now())
+    for pk in late.values_list("pk", flat=True)[:25]:
+        due = now - timedelta(minutes=rng.choice([3, 5, 15, 40, 90]))
+        DeliveryRecord.objects.filter(pk=pk).update(due_at=due, available_at=due)
 
 
 def test_it_refreshes_without_a_reload(page: Page, live_server: Any) -> None:
