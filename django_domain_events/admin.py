@@ -35,7 +35,7 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
 from .codec import PayloadUpgradeFailed
-from .dashboard import outbox_dashboard
+from .dashboard import Dashboard, DeadCount, outbox_dashboard
 from .declare import registry
 from .models import (
     OWED_VALUES,
@@ -965,7 +965,7 @@ def _rows_chart(
 
 
 def _top(
-    counts: Iterable[Any], url_of: Callable[[str], str | None], others_url: str | None
+    counts: Iterable[DeadCount], url_of: Callable[[str], str | None], others_url: str | None
 ) -> list[tuple[str, int, str | None]]:
     listed = list(counts)
     rows = [(c.name or "(no error recorded)", c.dead, url_of(c.name)) for c in listed[:DEAD_BARS]]
@@ -975,7 +975,7 @@ def _top(
     return rows
 
 
-def dashboard_context(data: Any, site_name: str) -> dict[str, Any]:
+def dashboard_context(data: Dashboard, site_name: str) -> dict[str, Any]:
     """What the dashboard templates draw from ``outbox_dashboard()``: totals, tables and
     charts, each figure with the changelist URL of the rows behind it."""
     now, health = data.now, data.health
@@ -1034,30 +1034,35 @@ def dashboard_context(data: Any, site_name: str) -> dict[str, Any]:
     ]
 
     minutes = []
-    for bar in data.minutes:
-        span = {"completed_at__gte": _t(bar.start), "completed_at__lt": _t(bar.end)}
-        at = when(bar.start)[11:16]
+    for minute in data.minutes:
+        span = {"completed_at__gte": _t(minute.start), "completed_at__lt": _t(minute.end)}
+        at = when(minute.start)[11:16]
         minutes.append(
             (
                 at,
                 [
                     (
                         "succeeded",
-                        bar.succeeded,
+                        minute.succeeded,
                         url(status__exact="succeeded", **span),
-                        f"{at}: {bar.succeeded} succeeded",
+                        f"{at}: {minute.succeeded} succeeded",
                     ),
                     (
                         "failed",
-                        bar.failed,
+                        minute.failed,
                         url(
                             status__exact="failed",
-                            claimed_at__gte=_t(bar.start),
-                            claimed_at__lt=_t(bar.end),
+                            claimed_at__gte=_t(minute.start),
+                            claimed_at__lt=_t(minute.end),
                         ),
-                        f"{at}: {bar.failed} failed, waiting to retry",
+                        f"{at}: {minute.failed} failed, waiting to retry",
                     ),
-                    ("dead", bar.dead, url(status__exact="dead", **span), f"{at}: {bar.dead} dead"),
+                    (
+                        "dead",
+                        minute.dead,
+                        url(status__exact="dead", **span),
+                        f"{at}: {minute.dead} dead",
+                    ),
                 ],
             )
         )
@@ -1065,37 +1070,37 @@ def dashboard_context(data: Any, site_name: str) -> dict[str, Any]:
     minute_ticks[len(minutes) - 1] = minutes[-1][0]
 
     ages = []
-    for bar in data.ages:
-        span = {"due_at__lte": _t(bar.due_until)}
-        if bar.due_after is not None:
-            span["due_at__gt"] = _t(bar.due_after)
+    for age in data.ages:
+        span = {"due_at__lte": _t(age.due_until)}
+        if age.due_after is not None:
+            span["due_at__gt"] = _t(age.due_after)
         ages.append(
             (
-                bar.label,
+                age.label,
                 [
                     (
                         "owed",
-                        bar.owed,
+                        age.owed,
                         url(status__in=_OWED_PARAM, **span),
-                        f"{bar.label}: {bar.owed}",
+                        f"{age.label}: {age.owed}",
                     )
                 ],
             )
         )
 
     days = []
-    for index, bar in enumerate(data.days):
-        label = "today" if index == 0 else when(bar.start)[5:10]
-        start = {"due_at__gt": _t(now)} if index == 0 else {"due_at__gte": _t(bar.start)}
+    for index, day in enumerate(data.days):
+        label = "today" if index == 0 else when(day.start)[5:10]
+        start = {"due_at__gt": _t(now)} if index == 0 else {"due_at__gte": _t(day.start)}
         days.append(
             (
                 label,
                 [
                     (
                         "scheduled",
-                        bar.scheduled,
-                        url(status__exact="pending", due_at__lt=_t(bar.end), **start),
-                        f"{when(bar.start)} to {when(bar.end)}: {bar.scheduled}",
+                        day.scheduled,
+                        url(status__exact="pending", due_at__lt=_t(day.end), **start),
+                        f"{when(day.start)} to {when(day.end)}: {day.scheduled}",
                     )
                 ],
             )
