@@ -7,6 +7,8 @@ large table. Imported only after ``django.setup()``.
 6. claim: ``claim_batch()`` and ``outbox_health()`` with an empty table and with settled
    history and scheduled rows, call by call in alternation (one schema per state).
 7. scheduled: the same probe with scheduled rows only.
+13. dashboard: the admin dashboard's figures (``outbox_dashboard()``) and their rendering,
+   an empty table against section 6's large one.
 
 Every phase is checked afterwards, as in ``measure.py``: rows delivered exactly once,
 claims that took exactly the rows meant, health that counted what was seeded.
@@ -456,7 +458,9 @@ def _series_sql(event_set: dict[str, str], delivery_set: dict[str, str]) -> str:
     quote = connection.ops.quote_name
 
     def columns(model: type[Any], computed: dict[str, str]) -> tuple[str, str]:
-        names = [f.column for f in model._meta.concrete_fields if not f.primary_key]
+        names = [
+            f.column for f in model._meta.concrete_fields if not (f.primary_key or f.generated)
+        ]
         unknown = set(computed) - set(names)
         if unknown:
             raise RuntimeError(f"seeding: {model.__name__} has no column {sorted(unknown)}")
@@ -798,3 +802,77 @@ def compare_states(settled: int, scheduled: int, reps: int, label: str) -> Compa
                     probe.health_plans = [e[1] for e in explained]
         large.background = empty.background = load.summary()
     return Comparison(empty, large, seconds, unfolded)
+
+
+# ---------------------------------------------------------------- 13. the admin dashboard
+
+DASHBOARD_FRAGMENT = "django_domain_events/admin/dashboard_figures.html"
+
+
+@dataclass
+class DashboardProbe:
+    """One table state: ``outbox_dashboard()`` alone, and with its figures rendered."""
+
+    label: str
+    data: list[float] = field(default_factory=list)
+    rendered: list[float] = field(default_factory=list)
+    queries: int = 0
+    server: list[float] = field(default_factory=list)  # EXPLAIN ANALYZE, its queries summed
+    plans: list[str] = field(default_factory=list)
+
+
+def _time_dashboard(into: DashboardProbe, scheduled: int, timed: bool) -> None:
+    from django.template.loader import render_to_string
+
+    from django_domain_events.admin import dashboard_context
+    from django_domain_events.dashboard import outbox_dashboard
+
+    started = time.perf_counter()
+    data = outbox_dashboard()
+    fetched = time.perf_counter()
+    html = render_to_string(DASHBOARD_FRAGMENT, dashboard_context(data, "admin"))
+    done = time.perf_counter()
+    bars = html.count('class="dde-bar"')
+    if data.health.scheduled != scheduled or bars != 60 + 5 + 7:
+        raise RuntimeError(
+            f"{into.label}: the dashboard saw {data.health.scheduled} scheduled (expected "
+            f"{scheduled}) and drew {bars} bars (expected 72)"
+        )
+    if timed:
+        into.data.append(fetched - started)
+        into.rendered.append(done - started)
+
+
+def compare_dashboard(
+    settled: int, scheduled: int, reps: int
+) -> tuple[DashboardProbe, DashboardProbe, float]:
+    """``outbox_dashboard()`` and its rendering with an empty table and with ``settled``
+    succeeded + ``scheduled`` pending rows (section 6's large state, the tally folded):
+    ``reps`` timed calls in each state, alternating; then the queries and their plans."""
+    empty, large = DashboardProbe("empty"), DashboardProbe("history")
+    expected = {"empty": 0, "history": scheduled}
+    with table_states(["empty", "history"]):
+        _use_state("empty")
+        vacuum_settle()
+        _use_state("history")
+        seconds = seed_large(settled, scheduled)
+        tally.compact()
+        vacuum_settle()
+        with measure.BackgroundLoad():
+            for index in range(WARMUP_REPS + reps):
+                for probe in (empty, large) if index % 2 == 0 else (large, empty):
+                    _use_state(probe.label)
+                    _time_dashboard(probe, expected[probe.label], index >= WARMUP_REPS)
+            from django_domain_events.dashboard import outbox_dashboard
+
+            for probe in (empty, large):
+                _use_state(probe.label)
+                with CaptureQueriesContext(connection) as captured:
+                    outbox_dashboard()
+                probe.queries = len(captured.captured_queries)
+                statements = [q["sql"] for q in captured.captured_queries]
+                for _ in range(EXPLAIN_REPS):
+                    explained = [explain(sql) for sql in statements]
+                    probe.server.append(sum(e[0] for e in explained))
+                    probe.plans = [e[1] for e in explained]
+    return empty, large, seconds

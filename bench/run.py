@@ -5,6 +5,7 @@
     .venv/bin/python bench/run.py --profile  also cProfile a 2,000-row drain
     .venv/bin/python bench/run.py --only fire|delivery|breakdown|relay|claim|scheduled
     .venv/bin/python bench/run.py --only memory|concurrency|group|fire_overhead [--profile]
+    .venv/bin/python bench/run.py --only dashboard
 
 Targets are reported (PASS/MISS), not asserted: the exit status is 0 unless something
 failed (no database, a drain that did not deliver every row, ...).
@@ -37,6 +38,7 @@ TARGET_GROUP_RATE = 5_000.0  # ack="batch" no-op deliveries/s
 TARGET_GROUP_RATIO = 0.25  # ... over the raw group-commit loop
 TARGET_FIRE_OVERHEAD_MS = 0.5  # fire() with one receiver, over one plain ORM insert
 TARGET_FAN_OUT_ROW_US = 50.0  # a 50-target fire() over the baseline, per delivery row
+TARGET_DASHBOARD_MS = 300.0  # the admin dashboard's figures, read and rendered, large table
 
 FULL_SIZES = {
     # 11,000 events in all: at ~3-6 ms a commit on this machine, 20,000 would not fit the
@@ -655,6 +657,63 @@ def section_fire_overhead(
     ]
 
 
+def section_dashboard(outbox: Any, sizes: dict[str, int], summary: Summary, note: str) -> None:
+    settled, scheduled, reps = sizes["claim_settled"], sizes["claim_scheduled"], sizes["reps"]
+    print(
+        f"== 13. the admin dashboard: outbox_dashboard() and its figures rendered "
+        f"(dashboard_figures.html), an empty table vs {settled:,} settled + {scheduled:,} "
+        f"scheduled rows (section 6's state); medians of {reps} calls in each state, "
+        f"alternating{note}"
+    )
+    empty, large, seconds = outbox.compare_dashboard(settled, scheduled, reps)
+    figure("history: seeding (generate_series, VACUUM)", seconds, "s", ".1f")
+    for probe in (empty, large):
+        figure(
+            f"{probe.label}: outbox_dashboard(), median", outbox.median_ms(probe.data), "ms", ".2f"
+        )
+        figure(
+            f"{probe.label}: read and rendered, median",
+            outbox.median_ms(probe.rendered),
+            "ms",
+            ".2f",
+        )
+        figure(f"{probe.label}: read and rendered, p95", outbox.p95_ms(probe.rendered), "ms", ".2f")
+        figure(f"{probe.label}: queries", probe.queries, "queries")
+        figure(
+            f"{probe.label}: its queries, in the server",
+            outbox.median_ms(probe.server),
+            "ms",
+            ".2f",
+        )
+        for number, plan in enumerate(probe.plans, 1):
+            print(f"  query {number} scans: {plan}")
+    rendered = outbox.median_ms(large.rendered)
+    verdict = verdict_of(rendered < TARGET_DASHBOARD_MS)
+    figure(
+        "history: read and rendered, median",
+        rendered,
+        f"ms, target < {TARGET_DASHBOARD_MS:.0f}: {verdict}",
+        ".2f",
+    )
+    count_verdict = verdict_of(empty.queries == large.queries)
+    print(f"dashboard queries, empty / history: {empty.queries} / {large.queries}: {count_verdict}")
+    summary += [
+        ("dashboard, empty table", f"{outbox.median_ms(empty.rendered):.2f} ms", "", ""),
+        (
+            "dashboard, with history",
+            f"{rendered:.2f} ms",
+            f"< {TARGET_DASHBOARD_MS:.0f}",
+            verdict,
+        ),
+        (
+            "  queries, empty / history",
+            f"{empty.queries} / {large.queries}",
+            "equal",
+            count_verdict,
+        ),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the sizes")
@@ -672,10 +731,11 @@ def main(argv: list[str] | None = None) -> int:
             "concurrency",
             "group",
             "fire_overhead",
+            "dashboard",
         ],
         help="run one part: fire (1.), delivery (2. and 3.), breakdown (4.), relay (5.), "
-        "claim (6.), scheduled (7.), memory (8.), concurrency (9.), group (10.) or "
-        "fire_overhead (11.)",
+        "claim (6.), scheduled (7.), memory (8.), concurrency (9.), group (10.), "
+        "fire_overhead (11.) or dashboard (13.)",
     )
     args = parser.parse_args(argv)
     scale = 10 if args.quick else 1
@@ -717,6 +777,8 @@ def main(argv: list[str] | None = None) -> int:
         section_group(measure, sizes, summary, note)
     if args.only in (None, "fire_overhead"):
         section_fire_overhead(measure, sizes, summary, note, args.profile)
+    if args.only in (None, "dashboard"):
+        section_dashboard(measure_outbox, sizes, summary, note)
     if args.profile and args.only != "fire_overhead":
         print(f"== 12. cProfile of deliver_pending() over {sizes['profile']:,} rows")
         print(measure.profile_ours(sizes["profile"]))

@@ -36,6 +36,10 @@ DATABASES = {
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Section 13 renders the admin dashboard's figures (no admin here: its links are left out).
+TEMPLATES = [{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True}]
+ROOT_URLCONF = "bench.urls"
+
 USE_TZ = True
 TIME_ZONE = "UTC"
 USE_I18N = False

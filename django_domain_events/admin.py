@@ -13,26 +13,39 @@ models only registered) when the admin is installed.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
-from django.db import transaction
+from django.core.exceptions import PermissionDenied
+from django.db import router, transaction
 from django.db.models import Count, Exists, OuterRef, QuerySet
 from django.forms.models import BaseInlineFormSet
-from django.http import HttpRequest
-from django.urls import NoReverseMatch, reverse
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
 from .codec import PayloadUpgradeFailed
+from .dashboard import Dashboard, DeadCount, outbox_dashboard
 from .declare import registry
-from .models import OWED_VALUES, DeliveryRecord, DeliveryStatus, EventRecord, database_alias
-from .operations import cancel_deliveries, replay_events, requeue_dead
+from .models import (
+    OWED_VALUES,
+    TERMINAL_VALUES,
+    DeliveryRecord,
+    DeliveryStatus,
+    EventRecord,
+    database_alias,
+)
+from .operations import cancel_deliveries, replay_events, requeue_dead, retry_now
 
 #: What an operation raises for a selection it refuses (an event no longer declared or
 #: pruned meanwhile, a payload that no longer decodes): reported, with nothing applied.
@@ -104,6 +117,42 @@ def _ids_of(queryset: QuerySet[Any]) -> list[int]:
     return sorted(queryset.order_by().values_list("pk", flat=True).distinct())
 
 
+def when(value: datetime | None) -> str:
+    """A time to the second, in the current time zone: ``2026-12-03 09:01:02``."""
+    if value is None:
+        return "-"
+    if settings.USE_TZ and timezone.is_aware(value):
+        value = timezone.localtime(value)
+    return value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _shown_to_the_second(field: str, description: str | None = None) -> Callable[..., str]:
+    """A read-only column or field showing ``field`` to the second (Django's own format
+    stops at the minute)."""
+
+    @admin.display(description=description or field.replace("_", " "), ordering=field)
+    def show(self: Any, obj: Any) -> str:
+        return when(getattr(obj, field))
+
+    show.__name__ = f"{field}_shown"
+    return show
+
+
+def _settled(obj: DeliveryRecord) -> bool:
+    return obj.status in TERMINAL_VALUES
+
+
+def _row_receiver_keys() -> list[str]:
+    """Receiver keys rows carry while owed, dead or orphaned: two partial index reads in
+    one query (``dde_delivery_owed``, ``dde_delivery_dead_type``), never the history."""
+    rows = DeliveryRecord.objects.using(router.db_for_read(DeliveryRecord)).order_by()
+    owed = rows.filter(status__in=OWED_VALUES).values_list("receiver_key", flat=True)
+    ended = rows.filter(status__in=[DeliveryStatus.DEAD, DeliveryStatus.ORPHANED]).values_list(
+        "receiver_key", flat=True
+    )
+    return sorted(set(owed.union(ended)))
+
+
 # ---------------------------------------------------------------- filters
 
 
@@ -129,13 +178,17 @@ class DeliveryEventNameFilter(EventNameFilter):
 
 
 class ReceiverKeyFilter(admin.SimpleListFilter):
-    """The declared durable receivers' keys."""
+    """The declared durable receivers' keys, and the keys of receivers no longer declared
+    that owed, dead or orphaned rows still carry (any key still filters by URL)."""
 
     title = "receiver"
     parameter_name = "receiver"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(r.key, r.key) for r in registry.receivers if r.durable]
+        declared = [r.key for r in registry.receivers if r.durable]
+        known = set(declared)
+        gone = [key for key in _row_receiver_keys() if key not in known]
+        return [(key, key) for key in declared] + [(key, f"{key} (not declared)") for key in gone]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         value = self.value()
@@ -163,6 +216,86 @@ class LaneFilter(admin.SimpleListFilter):
             return queryset
         keys = registry.lanes().get(value, ())
         return queryset.filter(receiver_key__in=keys)
+
+
+class ErrorTypeFilter(admin.SimpleListFilter):
+    """Dead letters' error types (``last_error`` up to its first ':'), from their index."""
+
+    title = "error type of dead letters"
+    parameter_name = "error_type"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        types = (
+            DeliveryRecord.objects.using(router.db_for_read(DeliveryRecord))
+            .filter(status=DeliveryStatus.DEAD)
+            .values_list("error_type", flat=True)
+            .distinct()
+            .order_by("error_type")
+        )
+        return [(kind, kind or "(no error recorded)") for kind in types]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value is None:
+            return queryset
+        return queryset.filter(error_type=value)
+
+
+class TimeRangeFilter(admin.ListFilter):
+    """The time range a dashboard link asked for (``completed_at__gte=...`` and the like),
+    shown in the sidebar so the list says what it holds, with a choice to drop it."""
+
+    title = "time range"
+    FIELDS = ("completed_at", "claimed_at", "due_at", "available_at")
+    LOOKUPS = {"gte": ">=", "gt": ">", "lt": "<", "lte": "<="}
+
+    def __init__(self, request: HttpRequest, params: Any, model: Any, model_admin: Any) -> None:
+        super().__init__(request, params, model, model_admin)
+        for name in self._names():
+            if name in params:
+                self.used_parameters[name] = params.pop(name)[-1]
+
+    def _names(self) -> list[str]:
+        return [f"{field}__{lookup}" for field in self.FIELDS for lookup in self.LOOKUPS]
+
+    def expected_parameters(self) -> list[str | None]:
+        return list(self._names())
+
+    def has_output(self) -> bool:
+        return bool(self.used_parameters)
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        return queryset.filter(**self.used_parameters)
+
+    def _described(self) -> str:
+        parts = []
+        for name, value in self.used_parameters.items():
+            field, lookup = str(name).rsplit("__", 1)
+            moment = _parse_time(str(value))
+            shown = when(moment) if moment is not None else value
+            parts.append(f"{field.replace('_', ' ')} {self.LOOKUPS[lookup]} {shown}")
+        return ", ".join(parts)
+
+    def choices(self, changelist: Any) -> Iterator[Any]:
+        yield {
+            "selected": False,
+            "query_string": changelist.get_query_string(remove=self.expected_parameters()),
+            "display": "Any time",
+        }
+        yield {
+            "selected": True,
+            "query_string": changelist.get_query_string(),
+            "display": self._described(),
+        }
+
+
+def _parse_time(value: str) -> datetime | None:
+    from django.utils.dateparse import parse_datetime
+
+    try:
+        return parse_datetime(value)
+    except ValueError:
+        return None
 
 
 class DeliveryStatusOfEventFilter(admin.SimpleListFilter):
@@ -290,12 +423,14 @@ class DeliveryInline(_DeliveryInlineBase):
         "target",
         "status_badge",
         "attempts_display",
-        "due_at",
-        "available_at",
-        "completed_at",
+        "due_at_shown",
+        "available_at_shown",
+        "completed_at_shown",
         "error_preview",
     )
     readonly_fields = fields
+    due_at_shown = _shown_to_the_second("due_at", "due at")
+    completed_at_shown = _shown_to_the_second("completed_at", "completed at")
 
     def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
         # Inline instances are made per request, so this heading is this page's own.
@@ -321,6 +456,10 @@ class DeliveryInline(_DeliveryInlineBase):
     def attempts_display(self, obj: DeliveryRecord) -> str:
         return _attempts(obj)
 
+    @admin.display(description="available at")
+    def available_at_shown(self, obj: DeliveryRecord) -> str:
+        return "-" if _settled(obj) else when(obj.available_at)
+
     @admin.display(description="last error")
     def error_preview(self, obj: DeliveryRecord) -> str:
         return Truncator(obj.last_error).chars(ERROR_PREVIEW_CHARS)
@@ -335,7 +474,7 @@ def _attempts(obj: DeliveryRecord) -> str:
 
 
 class EventRecordAdmin(_ReadOnly, _EventAdminBase):
-    list_display = ("id", "name", "occurred_at", "actor_label", "deliveries_summary")
+    list_display = ("id", "name", "occurred_at_shown", "actor_label", "deliveries_summary")
     list_display_links = ("id", "name")
     list_filter = (EventNameFilter, DeliveryStatusOfEventFilter, ReceiverKeyFilter)
     search_fields = ("name", "correlation_id")
@@ -351,8 +490,8 @@ class EventRecordAdmin(_ReadOnly, _EventAdminBase):
                     "id",
                     "name",
                     "version",
-                    "occurred_at",
-                    "recorded_at",
+                    "occurred_at_shown",
+                    "recorded_at_shown",
                     "delivery_counts",
                 )
             },
@@ -363,9 +502,20 @@ class EventRecordAdmin(_ReadOnly, _EventAdminBase):
             "Causality",
             {"fields": ("correlation_id", "causation_link", "dedupe_key", "suppressed_reason")},
         ),
-        ("Retention", {"fields": ("retention_seconds", "delete_when", "prune_after")}),
+        ("Retention", {"fields": ("retention_seconds", "delete_when", "prune_after_shown")}),
     )
-    readonly_fields = ("delivery_counts", "payload_pretty", "scope_pretty", "causation_link")
+    readonly_fields = (
+        "delivery_counts",
+        "payload_pretty",
+        "scope_pretty",
+        "causation_link",
+        "occurred_at_shown",
+        "recorded_at_shown",
+        "prune_after_shown",
+    )
+    occurred_at_shown = _shown_to_the_second("occurred_at", "occurred at")
+    recorded_at_shown = _shown_to_the_second("recorded_at", "recorded at")
+    prune_after_shown = _shown_to_the_second("prune_after", "prune after")
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return _EventChangeList
@@ -466,40 +616,112 @@ class DeliveryRecordAdmin(_ReadOnly, _DeliveryAdminBase):
         "target",
         "status_badge",
         "attempts_display",
-        "due_at",
-        "available_at",
+        "due_at_shown",
+        "available_at_shown",
+        "completed_at_shown",
         "error_preview",
     )
-    list_filter = ("status", ReceiverKeyFilter, LaneFilter, DeliveryEventNameFilter)
+    list_filter = (
+        "status",
+        ReceiverKeyFilter,
+        LaneFilter,
+        DeliveryEventNameFilter,
+        ErrorTypeFilter,
+        TimeRangeFilter,
+    )
     list_select_related = ("event",)
     search_fields = ("receiver_key", "target", "last_error")
     ordering = ("-id",)
     show_full_result_count = False
-    actions = ("requeue_selected_dead", "cancel_selected_deliveries")
+    actions = ("requeue_selected_dead", "retry_selected_now", "cancel_selected_deliveries")
     fieldsets = (
         (None, {"fields": ("id", "event_link", "receiver_key", "target", "status_badge")}),
         (
             "Attempts",
-            {"fields": ("attempts", "max_attempts", "last_error_full")},
+            {"fields": ("attempts", "max_attempts", "error_type", "last_error_full")},
         ),
         (
             "Times",
             {
                 "fields": (
-                    "due_at",
-                    "available_at",
-                    "expires_at",
-                    "completed_at",
-                    "succeeded_at",
+                    "due_at_shown",
+                    "available_at_shown",
+                    "expires_at_shown",
+                    "completed_at_shown",
+                    "succeeded_at_shown",
                 )
             },
         ),
-        ("Claim", {"fields": ("claimed_by", "claimed_at", "lease_expires_at")}),
+        ("Claim", {"fields": ("claimed_by", "claimed_at_shown", "lease_expires_at_shown")}),
     )
-    readonly_fields = ("event_link", "status_badge", "last_error_full")
+    readonly_fields = (
+        "event_link",
+        "status_badge",
+        "last_error_full",
+        "due_at_shown",
+        "available_at_shown",
+        "expires_at_shown",
+        "completed_at_shown",
+        "succeeded_at_shown",
+        "claimed_at_shown",
+        "lease_expires_at_shown",
+    )
+    due_at_shown = _shown_to_the_second("due_at", "due at")
+    expires_at_shown = _shown_to_the_second("expires_at", "expires at")
+    completed_at_shown = _shown_to_the_second("completed_at", "completed at")
+    succeeded_at_shown = _shown_to_the_second("succeeded_at", "succeeded at")
+    claimed_at_shown = _shown_to_the_second("claimed_at", "claimed at")
+    lease_expires_at_shown = _shown_to_the_second("lease_expires_at", "lease expires at")
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return _ViewOnlyChangeList
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not _settled(obj):
+            return fieldsets
+        # A settled row is never claimed again: its next-attempt time means nothing.
+        return [
+            (
+                name,
+                {**options, "fields": [f for f in options["fields"] if f != "available_at_shown"]},
+            )
+            for name, options in fieldsets
+        ]
+
+    def get_urls(self) -> list[URLPattern]:
+        dashboard = path(
+            "dashboard/",
+            self.admin_site.admin_view(self.dashboard_view),
+            name=f"{self.opts.app_label}_{self.opts.model_name}_dashboard",
+        )
+        return [dashboard, *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """The outbox dashboard; ``?fragment=1`` answers its figures alone, which the page
+        fetches every few seconds to refresh itself."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        figures = dashboard_context(outbox_dashboard(), self.admin_site.name)
+        refresh = _refresh_seconds(request)
+        if request.GET.get("fragment"):
+            return TemplateResponse(
+                request, "django_domain_events/admin/dashboard_figures.html", figures
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            **figures,
+            "title": "Outbox dashboard",
+            "opts": self.opts,
+            "refresh_seconds": refresh,
+            "fragment_url": f"{request.path}?{urlencode({'fragment': 1})}",
+            "deliveries_url": _deliveries_url(self.admin_site.name),
+        }
+        return TemplateResponse(request, "django_domain_events/admin/dashboard.html", context)
+
+    @admin.display(description="available at")
+    def available_at_shown(self, obj: DeliveryRecord) -> str:
+        return "-" if _settled(obj) else when(obj.available_at)
 
     # columns and fields ----------------------------------------------------
 
@@ -556,6 +778,31 @@ class DeliveryRecordAdmin(_ReadOnly, _DeliveryAdminBase):
             )
         self.message_user(request, text + ".", messages.SUCCESS)
 
+    @admin.action(description="Retry selected failed deliveries now", permissions=["change"])
+    def retry_selected_now(self, request: HttpRequest, queryset: QuerySet[DeliveryRecord]) -> None:
+        delivery_ids = _ids_of(queryset)
+        try:
+            retried = retry_now(delivery_ids)
+        except REFUSED as exc:
+            self.message_user(request, f"Nothing was retried: {exc}", messages.ERROR)
+            return
+        skipped = len(delivery_ids) - retried
+        if not retried:
+            rows = _plural(skipped, "selected row", "selected rows")
+            self.message_user(
+                request,
+                f"Nothing was retried: none of the {rows} was failed and waiting out its backoff.",
+                messages.WARNING,
+            )
+            return
+        text = f"Retrying {_plural(retried, 'failed delivery', 'failed deliveries')} now"
+        if skipped:
+            text += (
+                f"; {_plural(skipped, 'selected row was', 'selected rows were')} not failed "
+                f"and waiting out a backoff, and {'was' if skipped == 1 else 'were'} skipped"
+            )
+        self.message_user(request, text + ".", messages.SUCCESS)
+
     @admin.action(description="Cancel selected deliveries", permissions=["change"])
     def cancel_selected_deliveries(
         self, request: HttpRequest, queryset: QuerySet[DeliveryRecord]
@@ -575,6 +822,335 @@ class DeliveryRecordAdmin(_ReadOnly, _DeliveryAdminBase):
             settled=len(delivery_ids) - result["cancelled"] - result["in_flight"],
             of="",
         )
+
+
+# ---------------------------------------------------------------- dashboard
+
+#: How often the dashboard fetches its figures again; ``?refresh=N`` overrides it.
+DASHBOARD_REFRESH_SECONDS = 10
+#: Rows of the dead-letter charts; the rest are summed in a last bar.
+DEAD_BARS = 10
+
+_OWED_PARAM = ",".join(OWED_VALUES)
+_CHART_COLOURS = {
+    "succeeded": "#2e7d32",
+    "failed": "#c05600",
+    "dead": "#ba2121",
+    "owed": "#1565c0",
+    "scheduled": "#6a1b9a",
+}
+
+
+def _refresh_seconds(request: HttpRequest) -> int:
+    try:
+        asked = int(request.GET.get("refresh", DASHBOARD_REFRESH_SECONDS))
+    except ValueError:
+        asked = DASHBOARD_REFRESH_SECONDS
+    return min(max(asked, 1), 3600)
+
+
+def _t(moment: datetime) -> str:
+    """A time as a changelist filter takes it (ISO 8601, with its offset when aware)."""
+    return moment.isoformat()
+
+
+def _age(now: datetime, oldest: datetime | None) -> str:
+    if oldest is None:
+        return "-"
+    seconds = max(int((now - oldest).total_seconds()), 0)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    if seconds < 86400:
+        return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+    return f"{seconds // 86400} d {seconds % 86400 // 3600} h"
+
+
+def _segment(
+    css: str, count: int, url: str | None, title: str, x: float, y: float, w: float, h: float
+) -> dict[str, Any]:
+    return {
+        "css": css,
+        "count": count,
+        "url": url,
+        "title": title,
+        "x": f"{x:.1f}",
+        "y": f"{y:.1f}",
+        "width": f"{w:.1f}",
+        "height": f"{h:.1f}",
+        "colour": _CHART_COLOURS[css],
+    }
+
+
+def _columns(
+    name: str,
+    title: str,
+    bars: list[tuple[str, list[tuple[str, int, str | None, str]]]],
+    ticks: dict[int, str],
+    *,
+    width: int = 720,
+    height: int = 170,
+) -> dict[str, Any]:
+    """A column chart: one column per bar, each a stack of (css, count, url, title)
+    segments, drawn bottom up; ``ticks`` labels some columns under the axis."""
+    top, bottom = 14, 22
+    plot = height - top - bottom
+    peak = max([sum(seg[1] for seg in stack) for _, stack in bars] + [1])
+    slot = width / len(bars)
+    gap = min(2.0, slot * 0.2)
+    columns = []
+    for index, (label, stack) in enumerate(bars):
+        x = index * slot + gap / 2
+        base: float = top + plot
+        segments = []
+        for css, count, url, seg_title in stack:
+            if not count:
+                continue
+            h = max(plot * count / peak, 1.5)
+            base -= h
+            segments.append(_segment(css, count, url, seg_title, x, base, slot - gap, h))
+        total = sum(seg[1] for seg in stack)
+        columns.append(
+            {
+                "label": label,
+                "total": total,
+                "segments": segments,
+                "tick": ticks.get(index),
+                "tick_x": f"{x + (slot - gap) / 2:.1f}",
+            }
+        )
+    return {
+        "name": name,
+        "title": title,
+        "width": width,
+        "height": height,
+        "axis_y": top + plot,
+        "tick_y": height - 6,
+        "peak": peak,
+        "columns": columns,
+        "horizontal": False,
+    }
+
+
+def _rows_chart(
+    name: str, title: str, rows: list[tuple[str, int, str | None]], css: str, width: int = 720
+) -> dict[str, Any]:
+    """A bar per row, label on the left, for categories with long names."""
+    row_height, label_width = 22, 300
+    peak = max([n for _, n, _ in rows] + [1])
+    span = width - label_width - 60
+    bars = []
+    for index, (label, count, url) in enumerate(rows):
+        y = index * row_height + 3
+        w = max(span * count / peak, 1.5)
+        bars.append(
+            {
+                "label": label,
+                "total": count,
+                "label_y": f"{y + 13:.1f}",
+                "count_x": f"{label_width + w + 6:.1f}",
+                "segments": [_segment(css, count, url, f"{label}: {count}", label_width, y, w, 16)],
+            }
+        )
+    return {
+        "name": name,
+        "title": title,
+        "width": width,
+        "height": max(len(rows), 1) * row_height + 6,
+        "label_x": label_width - 8,
+        "columns": bars,
+        "horizontal": True,
+    }
+
+
+def _top(
+    counts: Iterable[DeadCount], url_of: Callable[[str], str | None], others_url: str | None
+) -> list[tuple[str, int, str | None]]:
+    listed = list(counts)
+    rows = [(c.name or "(no error recorded)", c.dead, url_of(c.name)) for c in listed[:DEAD_BARS]]
+    rest = sum(c.dead for c in listed[DEAD_BARS:])
+    if rest:
+        rows.append((f"{len(listed) - DEAD_BARS} more", rest, others_url))
+    return rows
+
+
+def dashboard_context(data: Dashboard, site_name: str) -> dict[str, Any]:
+    """What the dashboard templates draw from ``outbox_dashboard()``: totals, tables and
+    charts, each figure with the changelist URL of the rows behind it."""
+    now, health = data.now, data.health
+
+    def url(**params: Any) -> str | None:
+        return _deliveries_url(site_name, **params)
+
+    owed_now = {"status__in": _OWED_PARAM, "due_at__lte": _t(now)}
+    ahead = {"status__exact": DeliveryStatus.PENDING.value, "due_at__gt": _t(now)}
+    dead = {"status__exact": DeliveryStatus.DEAD.value}
+    claimed = {"status__exact": DeliveryStatus.CLAIMED.value}
+    totals = [
+        ("owed", "owed", health.owed, url(**owed_now)),
+        ("scheduled", "scheduled", health.scheduled, url(**ahead)),
+        ("claimed", "claimed", health.claimed, url(**claimed)),
+        ("dead", "dead", health.dead, url(**dead)),
+        (
+            "lapsed_leases",
+            "lapsed leases",
+            health.lapsed_leases,
+            url(**claimed, available_at__lte=_t(now)),
+        ),
+    ]
+    lane_of = {key: lane for lane, keys in registry.lanes().items() for key in keys}
+    receivers = [
+        {
+            "key": r.key,
+            "lane": lane_of.get(r.key, "default"),
+            "owed": r.owed,
+            "owed_url": url(**owed_now, receiver=r.key),
+            "scheduled": r.scheduled,
+            "scheduled_url": url(**ahead, receiver=r.key),
+            "claimed": r.claimed,
+            "claimed_url": url(**claimed, receiver=r.key),
+            "dead": r.dead,
+            "dead_url": url(**dead, receiver=r.key),
+            "age": _age(now, r.oldest_owed_at),
+        }
+        for r in health.receivers
+    ]
+    lanes = [
+        {
+            "lane": lane.lane,
+            "owed": lane.owed,
+            "owed_url": url(**owed_now, lane=lane.lane),
+            "scheduled": lane.scheduled,
+            "scheduled_url": url(**ahead, lane=lane.lane),
+            "claimed": lane.claimed,
+            "claimed_url": url(**claimed, lane=lane.lane),
+            "dead": lane.dead,
+            "dead_url": url(**dead, lane=lane.lane),
+            "age": _age(now, lane.oldest_owed_at),
+            "pauses": [f"{pause.worker_id} until {when(pause.until)}" for pause in lane.pauses],
+        }
+        for lane in health.lanes
+    ]
+
+    minutes = []
+    for minute in data.minutes:
+        span = {"completed_at__gte": _t(minute.start), "completed_at__lt": _t(minute.end)}
+        at = when(minute.start)[11:16]
+        minutes.append(
+            (
+                at,
+                [
+                    (
+                        "succeeded",
+                        minute.succeeded,
+                        url(status__exact="succeeded", **span),
+                        f"{at}: {minute.succeeded} succeeded",
+                    ),
+                    (
+                        "failed",
+                        minute.failed,
+                        url(
+                            status__exact="failed",
+                            claimed_at__gte=_t(minute.start),
+                            claimed_at__lt=_t(minute.end),
+                        ),
+                        f"{at}: {minute.failed} failed, waiting to retry",
+                    ),
+                    (
+                        "dead",
+                        minute.dead,
+                        url(status__exact="dead", **span),
+                        f"{at}: {minute.dead} dead",
+                    ),
+                ],
+            )
+        )
+    minute_ticks = {i: minutes[i][0] for i in range(0, len(minutes), 10)}
+    minute_ticks[len(minutes) - 1] = minutes[-1][0]
+
+    ages = []
+    for age in data.ages:
+        span = {"due_at__lte": _t(age.due_until)}
+        if age.due_after is not None:
+            span["due_at__gt"] = _t(age.due_after)
+        ages.append(
+            (
+                age.label,
+                [
+                    (
+                        "owed",
+                        age.owed,
+                        url(status__in=_OWED_PARAM, **span),
+                        f"{age.label}: {age.owed}",
+                    )
+                ],
+            )
+        )
+
+    days = []
+    for index, day in enumerate(data.days):
+        label = "today" if index == 0 else when(day.start)[5:10]
+        start = {"due_at__gt": _t(now)} if index == 0 else {"due_at__gte": _t(day.start)}
+        days.append(
+            (
+                label,
+                [
+                    (
+                        "scheduled",
+                        day.scheduled,
+                        url(status__exact="pending", due_at__lt=_t(day.end), **start),
+                        f"{when(day.start)} to {when(day.end)}: {day.scheduled}",
+                    )
+                ],
+            )
+        )
+
+    charts = [
+        _columns(
+            "minutes",
+            "Deliveries per minute, the last hour",
+            minutes,
+            minute_ticks,
+        ),
+        _columns("ages", "Owed backlog by age", ages, dict(enumerate(a[0] for a in ages))),
+        _columns(
+            "days",
+            "Scheduled work by due day, the next 7 days",
+            days,
+            dict(enumerate(d[0] for d in days)),
+        ),
+        _rows_chart(
+            "dead_receivers",
+            "Dead letters by receiver",
+            _top(data.dead_by_receiver, lambda key: url(**dead, receiver=key), url(**dead)),
+            "dead",
+        ),
+        _rows_chart(
+            "dead_types",
+            "Dead letters by error type",
+            _top(data.dead_by_error_type, lambda kind: url(**dead, error_type=kind), url(**dead)),
+            "dead",
+        ),
+    ]
+    return {
+        "now": when(now),
+        "time_zone": timezone.get_current_timezone_name()
+        if settings.USE_TZ
+        else settings.TIME_ZONE,
+        "totals": totals,
+        "oldest_age": _age(now, health.oldest_owed_at),
+        "oldest_url": url(**owed_now, o="due_at"),
+        "receivers": receivers,
+        "lanes": lanes,
+        "charts": {chart["name"]: chart for chart in charts},
+        "chart_list": charts,
+        "scheduled_later": data.scheduled_later,
+        "scheduled_later_url": url(
+            status__exact="pending", due_at__gte=_t(data.days[-1].end) if data.days else _t(now)
+        ),
+        "legend": [(css, _CHART_COLOURS[css]) for css in ("succeeded", "failed", "dead")],
+    }
 
 
 def _report_cancel(

@@ -366,7 +366,7 @@ class _PgInsert:
         }
         columns, select, self.defaults = [], [], []
         for f in DeliveryRecord._meta.concrete_fields:
-            if f.primary_key:
+            if f.primary_key or f.generated:  # error_type: the database computes it
                 continue
             columns.append(quote(f.column))
             if f.name == "event":

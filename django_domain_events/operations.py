@@ -261,6 +261,30 @@ def requeue_dead(
     return requeued
 
 
+def retry_now(delivery_ids: Iterable[int]) -> int:
+    """Make failed rows that are waiting out their backoff claimable now; returns how many.
+
+    Sets ``available_at`` to now on the rows that are still ``failed`` with their next
+    attempt ahead, checked in the write itself (a compare-and-set): a row claimed,
+    settled, cancelled or already due meanwhile is left as it is. The attempt budget,
+    the due time and the lifetime are unchanged.
+    """
+    ids = _ids(delivery_ids, "retry_now(delivery_ids)")
+    if ids is None:
+        raise TypeError("retry_now() takes a list of delivery ids.")
+    alias = database_alias()
+    with transaction.atomic(using=alias):
+        now = clock.now()
+        moved = (
+            DeliveryRecord.objects.using(alias)
+            .filter(pk__in=ids, status=DeliveryStatus.FAILED, available_at__gt=now)
+            .update(available_at=now)
+        )  # due_at unchanged: a failed row is due already, so never in the tally
+        if moved:
+            wake_after_commit(alias)
+    return moved
+
+
 def _by_key(rows: Sequence[tuple[int, int, str]]) -> dict[str, list[int]]:
     grouped: dict[str, list[int]] = {}
     for pk, _, key in rows:

@@ -9,6 +9,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -122,3 +123,63 @@ def wait_until_blocked(child: subprocess.Popen[str], timeout: float = 60) -> Non
         return bool(row and row[0])
 
     wait_for(blocked, timeout, "the child to wait on this test's lock")
+
+
+# Browser tests (test_admin_browser.py, test_dashboard_browser.py) ---------------------
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+BROWSER_PASSWORD = "correct horse battery staple"
+# Generous waits: CI machines are small and may be busy (the defaults are 5 and 30 s).
+BROWSER_TIMEOUT_MS = 30_000
+
+
+@pytest.fixture
+def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Headless Chromium (Debian's), through Playwright."""
+    from django.db import connections
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop running in this thread. The ORM calls the
+    # test makes between browser steps are plain synchronous code, but Django then keeps
+    # their connection apart from the thread's own (as it does for async code): close it
+    # before the loop stops, or it would outlive the test and hold the test database.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+            connections.close_all()
+
+
+@pytest.fixture
+def page(browser: Any, live_server: Any) -> Iterator[Any]:
+    """A page of a superuser logged in to the admin."""
+    from django.contrib.auth import get_user_model
+    from playwright.sync_api import expect
+
+    get_user_model().objects.create_superuser(username="operator", password=BROWSER_PASSWORD)
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(BROWSER_TIMEOUT_MS)
+    opened = context.new_page()
+    opened.goto(f"{live_server.url}/admin/login/?next=/admin/")
+    opened.fill("input[name=username]", "operator")
+    opened.fill("input[name=password]", BROWSER_PASSWORD)
+    opened.click("input[type=submit]")
+    expect(opened.locator("#site-name")).to_contain_text("Django administration")
+    expect(opened.locator("body")).to_contain_text("Domain events")
+    try:
+        yield opened
+    finally:
+        context.close()

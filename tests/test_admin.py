@@ -7,6 +7,7 @@ from datetime import timedelta
 from html import unescape
 
 import pytest
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.contrib.messages import constants as message_levels
@@ -524,7 +525,11 @@ def test_change_permission_runs_the_actions(outcomes):
     response = client.get(DELIVERIES_URL)
     assert response.status_code == 200
     choices = [value for value, _ in response.context["action_form"].fields["action"].choices]
-    assert choices[1:] == ["requeue_selected_dead", "cancel_selected_deliveries"]
+    assert choices[1:] == [
+        "requeue_selected_dead",
+        "retry_selected_now",
+        "cancel_selected_deliveries",
+    ]
     # Change permission on deliveries opens nothing for editing either.
     delivery = row(outcomes["first"], "adm.bad")
     url = reverse("admin:django_domain_events_deliveryrecord_change", args=[delivery.pk])
@@ -578,3 +583,168 @@ def test_registry_filters_follow_declarations(admin_client_):
     response = admin_client_.get(DELIVERIES_URL)
     html = response.content.decode()
     assert "?lane=later-lane" in html and "?receiver=adm.latecomer" in html
+
+
+# details for a first-time operator ---------------------------------------------------
+
+
+def _second(moment) -> str:
+    return (
+        timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S")
+        if settings.USE_TZ
+        else (moment.strftime("%Y-%m-%d %H:%M:%S"))
+    )
+
+
+def test_times_are_shown_to_the_second(admin_client_, outcomes):
+    moment = timezone.now().replace(microsecond=0) - timedelta(seconds=17)
+    delivery = row(outcomes["first"], "adm.bad")
+    DeliveryRecord.objects.filter(pk=delivery.pk).update(
+        due_at=moment, completed_at=moment + timedelta(seconds=3)
+    )
+    EventRecord.objects.filter(pk=outcomes["first"]).update(occurred_at=moment)
+    page = text(admin_client_.get(DELIVERIES_URL))
+    assert _second(moment) in page and _second(moment + timedelta(seconds=3)) in page
+    url = reverse("admin:django_domain_events_deliveryrecord_change", args=[delivery.pk])
+    page = text(admin_client_.get(url))
+    assert f"Due at: {_second(moment)}" in page
+    assert f"Completed at: {_second(moment + timedelta(seconds=3))}" in page
+    page = text(admin_client_.get(EVENTS_URL))
+    assert _second(moment) in page
+    event_url = reverse("admin:django_domain_events_eventrecord_change", args=[outcomes["first"]])
+    assert f"Occurred at: {_second(moment)}" in text(admin_client_.get(event_url))
+
+
+def test_available_at_is_hidden_on_settled_rows(admin_client_, outcomes):
+    def page_of(delivery: DeliveryRecord) -> str:
+        url = reverse("admin:django_domain_events_deliveryrecord_change", args=[delivery.pk])
+        return text(admin_client_.get(url))
+
+    settled = row(outcomes["first"], "adm.bad")
+    owed = row(outcomes["first"], "adm.later")
+    assert "Available at" not in page_of(settled)
+    assert f"Available at: {_second(owed.available_at)}" in page_of(owed)
+    response = admin_client_.get(f"{DELIVERIES_URL}?receiver=adm.bad")
+    cells = re.findall(
+        r'<td class="field-available_at_shown">([^<]*)</td>', response.content.decode()
+    )
+    assert cells == ["-", "-"]
+    response = admin_client_.get(f"{DELIVERIES_URL}?receiver=adm.later")
+    cells = re.findall(
+        r'<td class="field-available_at_shown">([^<]*)</td>', response.content.decode()
+    )
+    assert cells and "-" not in cells
+
+
+def _failed_rows() -> tuple[int, int, int]:
+    receiver(OrderPlaced, key="adm.flaky", max_attempts=5)(failing)
+    receiver(OrderPlaced, key="adm.done")(ok)
+    first = fire_one(OrderPlaced(order_id=1))
+    second = fire_one(OrderPlaced(order_id=2))
+    drain_outbox(respect_backoff=True)
+    # The backoff is jittered (it may be a few milliseconds): make it a long one.
+    DeliveryRecord.objects.filter(receiver_key="adm.flaky").update(
+        available_at=timezone.now() + timedelta(minutes=30)
+    )
+    waiting = row(first, "adm.flaky")
+    assert waiting.status == "failed"
+    return waiting.pk, row(second, "adm.flaky").pk, row(first, "adm.done").pk
+
+
+def test_retry_now_moves_failed_rows_waiting_out_their_backoff(admin_client_):
+    waiting, other, done = _failed_rows()
+    before = DeliveryRecord.objects.get(pk=waiting)
+    response = run_action(admin_client_, DELIVERIES_URL, "retry_selected_now", [waiting, done])
+    assert sent_messages(response) == [
+        (
+            message_levels.SUCCESS,
+            "Retrying 1 failed delivery now; 1 selected row was not failed and waiting out "
+            "a backoff, and was skipped.",
+        )
+    ]
+    after = DeliveryRecord.objects.get(pk=waiting)
+    assert after.status == "failed" and after.available_at <= timezone.now()
+    assert (after.attempts, after.due_at, after.last_error) == (
+        before.attempts,
+        before.due_at,
+        before.last_error,
+    )
+    assert DeliveryRecord.objects.get(pk=other).available_at > timezone.now()
+    assert DeliveryRecord.objects.get(pk=done).status == "succeeded"
+    # Due now: the next relay pass (which respects backoff) runs it again.
+    drain_outbox(respect_backoff=True)
+    assert DeliveryRecord.objects.get(pk=waiting).attempts == 2
+    assert DeliveryRecord.objects.get(pk=other).attempts == 1
+
+    response = run_action(admin_client_, DELIVERIES_URL, "retry_selected_now", [done])
+    assert sent_messages(response) == [
+        (
+            message_levels.WARNING,
+            "Nothing was retried: none of the 1 selected row was failed and waiting out its "
+            "backoff.",
+        )
+    ]
+
+
+def test_retry_now_compares_and_sets_on_failed():
+    from django_domain_events.operations import retry_now
+
+    waiting, other, _ = _failed_rows()
+    # Cancelled between the operator's selection and the write: left cancelled.
+    DeliveryRecord.objects.filter(pk=other).update(status="cancelled")
+    assert retry_now([waiting, other]) == 1
+    assert DeliveryRecord.objects.get(pk=other).status == "cancelled"
+    assert retry_now([waiting]) == 0  # due already: nothing to move
+    with pytest.raises(TypeError):
+        retry_now("12")  # type: ignore[arg-type]
+
+
+def test_retry_now_needs_the_change_permission():
+    waiting, _, _ = _failed_rows()
+    before = DeliveryRecord.objects.get(pk=waiting).available_at
+    viewer = staff_client("view_deliveryrecord")
+    run_action(viewer, DELIVERIES_URL, "retry_selected_now", [waiting])
+    assert DeliveryRecord.objects.get(pk=waiting).available_at == before
+    changer = staff_client("change_deliveryrecord")
+    run_action(changer, DELIVERIES_URL, "retry_selected_now", [waiting])
+    assert DeliveryRecord.objects.get(pk=waiting).available_at < before
+
+
+def test_receiver_filter_lists_keys_only_rows_carry(admin_client_, outcomes):
+    from django_domain_events import registry
+
+    registry.forget("adm.bad")  # dead rows remain
+    registry.forget("adm.later")  # an owed row remains
+    registry.forget("adm.ok")  # only succeeded rows remain: not listed, still filters
+    html = admin_client_.get(DELIVERIES_URL).content.decode()
+    assert "?receiver=adm.bad" in html and "adm.bad (not declared)" in html
+    assert "?receiver=adm.later" in html and "adm.later (not declared)" in html
+    assert "?receiver=adm.fan" in html and "adm.fan (not declared)" not in html
+    assert "?receiver=adm.ok" not in html
+    response = admin_client_.get(f"{DELIVERIES_URL}?receiver=adm.bad")
+    assert ids_on_page(response) == sorted(
+        DeliveryRecord.objects.filter(receiver_key="adm.bad").values_list("pk", flat=True)
+    )
+    response = admin_client_.get(f"{DELIVERIES_URL}?receiver=adm.ok")
+    assert len(ids_on_page(response)) == 2
+
+
+def test_error_type_and_time_range_filters(admin_client_, outcomes):
+    DeliveryRecord.objects.filter(receiver_key="adm.slow").update(last_error="KeyError: 'x'")
+    html = admin_client_.get(DELIVERIES_URL).content.decode()
+    assert "?error_type=ValueError" in html and "?error_type=KeyError" in html
+    response = admin_client_.get(DELIVERIES_URL, {"error_type": "ValueError"})
+    assert ids_on_page(response) == sorted(
+        DeliveryRecord.objects.filter(receiver_key="adm.bad").values_list("pk", flat=True)
+    )
+    now = timezone.now()
+    window = {
+        "completed_at__gte": (now - timedelta(minutes=5)).isoformat(),
+        "completed_at__lt": (now + timedelta(minutes=1)).isoformat(),
+    }
+    response = admin_client_.get(DELIVERIES_URL, {"status__exact": "dead", **window})
+    assert len(ids_on_page(response)) == 3
+    page = text(response)
+    assert "By time range" in page and "completed at >=" in page and "Any time" in page
+    early = {"completed_at__lt": (now - timedelta(minutes=5)).isoformat()}
+    assert ids_on_page(admin_client_.get(DELIVERIES_URL, early)) == []

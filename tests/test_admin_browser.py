@@ -11,21 +11,17 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.db import connections, transaction
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from django.db import transaction
+from playwright.sync_api import Page, expect
 
 from django_domain_events import drain_outbox, fire, receiver
 from django_domain_events.models import DeliveryRecord
 from tests.app.events import OrderPlaced
-
-CHROMIUM = Path("/usr/bin/chromium")
+from tests.conftest import CHROMIUM
 
 if not CHROMIUM.exists() and os.environ.get("CI") != "true":
     pytest.skip(
@@ -36,20 +32,8 @@ if not CHROMIUM.exists() and os.environ.get("CI") != "true":
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-PASSWORD = "correct horse battery staple"
 # Generous waits: CI machines are small and may be busy (the defaults are 5 and 30 s).
-TIMEOUT_MS = 30_000
-expect.set_options(timeout=TIMEOUT_MS)
+expect.set_options(timeout=30_000)
 
 
 def failing(evt: object) -> None:
@@ -58,40 +42,6 @@ def failing(evt: object) -> None:
 
 def ok(evt: object) -> None:
     return None
-
-
-@pytest.fixture
-def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Browser]:
-    # Playwright's sync API keeps an event loop running in this thread. The ORM calls the
-    # test makes between browser steps are plain synchronous code, but Django then keeps
-    # their connection apart from the thread's own (as it does for async code): close it
-    # before the loop stops, or it would outlive the test and hold the test database.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield launched
-        finally:
-            launched.close()
-            connections.close_all()
-
-
-@pytest.fixture
-def page(browser: Browser, live_server: Any) -> Iterator[Page]:
-    get_user_model().objects.create_superuser(username="operator", password=PASSWORD)
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    context.set_default_timeout(TIMEOUT_MS)
-    opened = context.new_page()
-    opened.goto(f"{live_server.url}/admin/login/?next=/admin/")
-    opened.fill("input[name=username]", "operator")
-    opened.fill("input[name=password]", PASSWORD)
-    opened.click("input[type=submit]")
-    expect(opened.locator("#site-name")).to_contain_text("Django administration")
-    expect(opened.locator("body")).to_contain_text("Domain events")
-    try:
-        yield opened
-    finally:
-        context.close()
 
 
 def test_filter_dead_deliveries_and_requeue_them(page: Page, live_server: Any) -> None:

@@ -1,0 +1,188 @@
+"""The admin dashboard's data: figures, buckets, links' filters, and a fixed query count."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from django_domain_events import drain_outbox, fire, outbox_health, receiver
+from django_domain_events.dashboard import outbox_dashboard
+from django_domain_events.models import DeliveryRecord
+from tests.app.events import OrderPlaced, Pinged
+from tests.test_admin import row, staff_client
+
+pytestmark = pytest.mark.django_db
+
+
+def fire_one(evt: object) -> int:
+    with transaction.atomic():
+        event_id = fire(evt)
+    assert event_id is not None
+    return event_id
+
+
+def rows(**filters: Any) -> int:
+    return DeliveryRecord.objects.filter(**filters).count()
+
+
+@pytest.mark.parametrize(
+    ("last_error", "error_type"),
+    [
+        ("", ""),
+        ("ValueError: the mail server said no", "ValueError"),
+        ("KeyError", "KeyError"),
+        ("expired: still owed when its lifetime ended", "expired"),
+        ("x" * 300, "x" * 100),
+        ("ConnectionError: refused: port 25", "ConnectionError"),
+    ],
+)
+def test_error_type_is_last_error_up_to_its_first_colon(last_error: str, error_type: str) -> None:
+    receiver(OrderPlaced, key="dash.any")(lambda evt: None)
+    event_id = fire_one(OrderPlaced(order_id=1))
+    DeliveryRecord.objects.filter(event_id=event_id).update(last_error=last_error)
+    assert DeliveryRecord.objects.get(event_id=event_id).error_type == error_type
+
+
+# the data ------------------------------------------------------------------------
+
+
+def ok(evt: object) -> None:
+    return None
+
+
+def failing(evt: object) -> None:
+    raise ValueError("the mail server said no")
+
+
+def refused(evt: object) -> None:
+    raise PermissionError("closed")
+
+
+@pytest.fixture
+def outbox() -> dict[str, int]:
+    receiver(OrderPlaced, key="dash.ok")(ok)
+    receiver(OrderPlaced, key="dash.mailer", max_attempts=1)(failing)
+    receiver(OrderPlaced, key="dash.flaky", max_attempts=5)(refused)
+    receiver(OrderPlaced, key="dash.reminder", due=timedelta(days=2, hours=1))(ok)
+    receiver(Pinged, key="dash.slow", lane="slow", max_attempts=1)(refused)
+    for order_id in (1, 2, 3):
+        fire_one(OrderPlaced(order_id=order_id))
+    fire_one(Pinged(n=1))
+    drain_outbox(respect_backoff=True)
+    return {"pinged": fire_one(Pinged(n=2))}
+
+
+def test_the_figures_match_health_and_the_rows(outbox: dict[str, int]) -> None:
+    data = outbox_dashboard()
+    assert data.health == outbox_health(now=data.now)
+    assert len(data.minutes) == 60 and len(data.ages) == 5 and len(data.days) == 7
+    assert data.minutes[-1].start <= data.now < data.minutes[-1].end
+    assert sum(m.succeeded for m in data.minutes) == rows(status="succeeded") == 3
+    assert sum(m.dead for m in data.minutes) == rows(status="dead") == 4
+    assert sum(m.failed for m in data.minutes) == rows(status="failed") == 3
+    assert [a.owed for a in data.ages] == [4, 0, 0, 0, 0]
+    assert sum(a.owed for a in data.ages) == data.health.owed
+    assert [d.scheduled for d in data.days] == [0, 0, 3, 0, 0, 0, 0]
+    assert data.scheduled_later == 0
+    assert [(c.name, c.dead) for c in data.dead_by_receiver] == [
+        ("dash.mailer", 3),
+        ("dash.slow", 1),
+    ]
+    assert [(c.name, c.dead) for c in data.dead_by_error_type] == [
+        ("ValueError", 3),
+        ("PermissionError", 1),
+    ]
+
+
+def test_ages_days_and_later(outbox: dict[str, int]) -> None:
+    now = timezone.now()
+    owed = row(outbox["pinged"], "dash.slow")
+    DeliveryRecord.objects.filter(pk=owed.pk).update(due_at=now - timedelta(minutes=30))
+    DeliveryRecord.objects.filter(receiver_key="dash.flaky").update(due_at=now - timedelta(days=3))
+    receiver(OrderPlaced, key="dash.much_later", due=timedelta(days=20))(ok)
+    fire_one(OrderPlaced(order_id=9))
+    data = outbox_dashboard(now=now)
+    assert [a.owed for a in data.ages] == [0, 0, 1, 0, 3]
+    assert data.scheduled_later == 1
+    assert sum(d.scheduled for d in data.days) + data.scheduled_later == data.health.scheduled
+
+
+def _dashboard_queries() -> int:
+    with CaptureQueriesContext(connection) as captured:
+        outbox_dashboard()
+    return len(captured.captured_queries)
+
+
+def test_the_query_count_does_not_grow_with_the_rows() -> None:
+    empty = _dashboard_queries()
+    receiver(OrderPlaced, key="dash.ok")(ok)
+    receiver(OrderPlaced, key="dash.mailer", max_attempts=1)(failing)
+    receiver(OrderPlaced, key="dash.flaky", max_attempts=5)(refused)
+    receiver(OrderPlaced, key="dash.reminder", due=timedelta(days=3))(ok)
+    receiver(OrderPlaced, key="dash.much_later", due=timedelta(days=30))(ok)
+    for order_id in range(60):
+        fire_one(OrderPlaced(order_id=order_id))
+    drain_outbox(respect_backoff=True)
+    for order_id in range(20):
+        fire_one(OrderPlaced(order_id=order_id))
+    assert rows() == 400
+    assert _dashboard_queries() == empty == 10
+
+
+# the page ------------------------------------------------------------------------
+
+
+DASHBOARD_URL = reverse("admin:django_domain_events_deliveryrecord_dashboard")
+
+
+def test_the_page_and_its_fragment(admin_client, outbox: dict[str, int]) -> None:
+    response = admin_client.get(DASHBOARD_URL)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "<h1>Outbox dashboard</h1>" in html
+    assert "django_domain_events/dashboard.js" in html
+    assert html.count('class="dde-bar"') == 60 + 5 + 7 + 2 + 2
+    assert 'data-figure="dead"><span class="dde-figure">4</span>' in html
+    fragment = admin_client.get(DASHBOARD_URL, {"fragment": "1"})
+    assert fragment.status_code == 200
+    body = fragment.content.decode()
+    assert "<html" not in body and "<h1>" not in body
+    assert body.count('class="dde-bar"') == 60 + 5 + 7 + 2 + 2
+
+
+def test_a_viewer_sees_it_and_others_get_403(outbox: dict[str, int]) -> None:
+    viewer = staff_client("view_deliveryrecord")
+    assert viewer.get(DASHBOARD_URL).status_code == 200
+    assert staff_client("change_deliveryrecord").get(DASHBOARD_URL).status_code == 200
+    for client in (staff_client(), staff_client("view_eventrecord")):
+        assert client.get(DASHBOARD_URL).status_code == 403
+        assert client.get(DASHBOARD_URL, {"fragment": "1"}).status_code == 403
+    # Not logged in: the admin's login page.
+    response = Client().get(DASHBOARD_URL)
+    assert response.status_code == 302 and "/login/" in response["Location"]
+    # The app page links to it for those who may see it.
+    app_page = reverse("admin:app_list", args=["django_domain_events"])
+    assert DASHBOARD_URL in viewer.get(app_page).content.decode()
+
+
+def test_page_queries_do_not_grow_with_rows(admin_client) -> None:
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert admin_client.get(DASHBOARD_URL, {"fragment": "1"}).status_code == 200
+        return len(captured.captured_queries)
+
+    receiver(OrderPlaced, key="dash.ok")(ok)
+    receiver(OrderPlaced, key="dash.mailer", max_attempts=1)(failing)
+    queries()  # the session, the user: loaded once
+    empty = queries()
+    for order_id in range(30):
+        fire_one(OrderPlaced(order_id=order_id))
+    drain_outbox()
+    assert queries() == empty
