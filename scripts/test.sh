@@ -77,14 +77,9 @@ step "ruff check" "$BIN/ruff" check .
 step "ruff format" "$BIN/ruff" format --check .
 step "mypy" "$BIN/mypy" django_domain_events
 
-# ---------------------------------------------------------------- SQLite
-suite sqlite DDE_TEST_DB=sqlite
-suite sqlite-no-tz DDE_TEST_DB=sqlite DDE_TEST_USE_TZ=false
-
-# ------------------------------------------------------------ PostgreSQL
-pg_host=${DDE_PG_HOST:-127.0.0.1}
-pg_port=${DDE_PG_PORT:-5432}
-if "$PY" - <<'PY' 2>/dev/null; then
+# pg_reachable PYTHON: can PYTHON's psycopg connect to the PostgreSQL server?
+pg_reachable() {
+    "$1" - <<'PY' 2>/dev/null
 import os
 
 import psycopg
@@ -98,6 +93,16 @@ psycopg.connect(
     connect_timeout=3,
 ).close()
 PY
+}
+
+# ---------------------------------------------------------------- SQLite
+suite sqlite DDE_TEST_DB=sqlite
+suite sqlite-no-tz DDE_TEST_DB=sqlite DDE_TEST_USE_TZ=false
+
+# ------------------------------------------------------------ PostgreSQL
+pg_host=${DDE_PG_HOST:-127.0.0.1}
+pg_port=${DDE_PG_PORT:-5432}
+if pg_reachable "$PY"; then
     suite postgres DDE_TEST_DB=postgres
 elif [ "$CI" = "true" ]; then
     echo
@@ -184,20 +189,7 @@ if [ ! -x "$DJ6_PY" ]; then
 else
     banner "Django 6 leg: $("$DJ6_PY" -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.__version__)')"
     dj6_suite dj6-sqlite DDE_TEST_DB=sqlite
-    if "$DJ6_PY" - <<'PY' 2>/dev/null; then
-import os
-
-import psycopg
-
-psycopg.connect(
-    host=os.environ.get("DDE_PG_HOST", "127.0.0.1"),
-    port=int(os.environ.get("DDE_PG_PORT", "5432")),
-    user=os.environ.get("DDE_PG_USER", "postgres"),
-    password=os.environ.get("DDE_PG_PASSWORD", ""),
-    dbname="postgres",
-    connect_timeout=3,
-).close()
-PY
+    if pg_reachable "$DJ6_PY"; then
         dj6_suite dj6-postgres DDE_TEST_DB=postgres
     elif [ "$CI" = "true" ]; then
         echo

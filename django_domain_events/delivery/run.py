@@ -476,21 +476,22 @@ def report_success(claim: Claim, timing: Timing | None = None) -> None:
         claim.attempts + 1,
         extra=log_fields(claim, DeliveryStatus.SUCCEEDED),
     )
-    signals.delivery_succeeded.send(
-        sender=_event_class(claim.event_name),
-        delivery_id=claim.id,
-        event_id=claim.event_id,
-        event_name=claim.event_name,
-        receiver_key=claim.receiver_key,
-        attempt=claim.attempts + 1,
-        **_timing_arguments(claim, timing),
-    )
+    signals.delivery_succeeded.send(**_signal_arguments(claim, timing))
 
 
-def _timing_arguments(claim: Claim, timing: Timing | None) -> dict[str, float | None]:
-    if timing is None:
-        return {"duration": None, "lag": None}
-    return timing.signal_arguments(claim)
+def _signal_arguments(claim: Claim, timing: Timing | None) -> dict[str, Any]:
+    """What every delivery signal sends about ``claim``'s attempt (see ``signals``)."""
+    timed = timing.signal_arguments(claim) if timing is not None else {}
+    return {
+        "sender": _event_class(claim.event_name),
+        "delivery_id": claim.id,
+        "event_id": claim.event_id,
+        "event_name": claim.event_name,
+        "receiver_key": claim.receiver_key,
+        "attempt": claim.attempts + 1,
+        "duration": timed.get("duration"),
+        "lag": timed.get("lag"),
+    }
 
 
 def _event_class(name: str) -> type | None:
@@ -522,17 +523,7 @@ def _log_failure(
         extra=log_fields(claim, status),
     )
     signal = signals.delivery_dead if dead else signals.delivery_failed
-    signal.send(
-        sender=_event_class(claim.event_name),
-        delivery_id=claim.id,
-        event_id=claim.event_id,
-        event_name=claim.event_name,
-        receiver_key=claim.receiver_key,
-        attempt=claim.attempts + 1,
-        error=error,
-        last_error=reason,
-        **_timing_arguments(claim, timing),
-    )
+    signal.send(**_signal_arguments(claim, timing), error=error, last_error=reason)
 
 
 def _log_unrun(
