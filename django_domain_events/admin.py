@@ -25,7 +25,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import router, transaction
 from django.db.models import Count, Exists, OuterRef, QuerySet
 from django.forms.models import BaseInlineFormSet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils import timezone
@@ -43,6 +43,7 @@ from .models import (
     DeliveryRecord,
     DeliveryStatus,
     EventRecord,
+    OutboxDashboard,
     database_alias,
 )
 from .operations import cancel_deliveries, replay_events, requeue_dead, retry_now
@@ -1173,12 +1174,41 @@ def _report_cancel(
     model_admin.message_user(request, "; ".join(parts) + ".", level)
 
 
+class OutboxDashboardAdmin(admin.ModelAdmin):
+    """The dashboard's entry on the admin index: it opens the deliveries admin's dashboard
+    for whoever may view deliveries."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        opts = DeliveryRecord._meta
+        return bool(request.user.has_perm(f"{opts.app_label}.view_{opts.model_name}"))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        opts = DeliveryRecord._meta
+        name = f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_dashboard"
+        return HttpResponseRedirect(reverse(name))
+
+
 if apps.is_installed("django.contrib.admin"):
     admin.site.register(EventRecord, EventRecordAdmin)
     admin.site.register(DeliveryRecord, DeliveryRecordAdmin)
+    admin.site.register(OutboxDashboard, OutboxDashboardAdmin)
 
 __all__ = [
     "DeliveryInline",
     "DeliveryRecordAdmin",
     "EventRecordAdmin",
+    "OutboxDashboardAdmin",
 ]

@@ -336,6 +336,17 @@ class LanePauseRecord(models.Model):
         return f"{self.lane} paused by {self.worker_id} until {self.until.isoformat()}"
 
 
+class OutboxDashboard(DeliveryRecord):
+    """No table: the admin index's entry for the outbox dashboard (``admin.py``), since
+    Django lists models there and nothing else."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "outbox dashboard"
+        verbose_name_plural = "outbox dashboard"
+        default_permissions = ()
+
+
 def database_alias() -> str:
     """The database every transaction of the package uses: the router's choice for the
     delivery rows (events and the tally live beside them, joined by foreign key)."""

@@ -172,6 +172,18 @@ def test_a_viewer_sees_it_and_others_get_403(outbox: dict[str, int]) -> None:
     assert DASHBOARD_URL in viewer.get(app_page).content.decode()
 
 
+def test_the_admin_index_lists_the_dashboard_for_who_may_see_it() -> None:
+    entry = reverse("admin:django_domain_events_outboxdashboard_changelist")
+    viewer = staff_client("view_deliveryrecord")
+    index = viewer.get(reverse("admin:index")).content.decode()
+    assert entry in index and "Outbox dashboard" in index
+    response = viewer.get(entry)
+    assert response.status_code == 302 and response["Location"] == DASHBOARD_URL
+    other = staff_client("view_eventrecord")
+    assert entry not in other.get(reverse("admin:index")).content.decode()
+    assert other.get(entry).status_code == 403
+
+
 def test_page_queries_do_not_grow_with_rows(admin_client) -> None:
     def queries() -> int:
         with CaptureQueriesContext(connection) as captured:
