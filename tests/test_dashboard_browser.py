@@ -14,14 +14,15 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import transaction
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from django_domain_events import drain_outbox, fire, outbox_health, receiver
+from django_domain_events import drain_outbox, outbox_health, receiver
 from django_domain_events.models import DeliveryRecord
 from tests.app.events import OrderPlaced, Pinged
 from tests.conftest import CHROMIUM
+from tests.support import fire_one
+from tests.test_dashboard import failing, ok, seed_outbox
 
 if not CHROMIUM.exists() and os.environ.get("CI") != "true":
     pytest.skip(
@@ -36,37 +37,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 DASHBOARD = "/admin/django_domain_events/deliveryrecord/dashboard/"
 
 
-def failing(evt: object) -> None:
-    raise ValueError("the mail server said no")
-
-
-def refused(evt: object) -> None:
-    raise PermissionError("the shop is closed")
-
-
-def ok(evt: object) -> None:
-    return None
-
-
-def fire_one(evt: object) -> None:
-    with transaction.atomic():
-        fire(evt)
-
-
 @pytest.fixture
 def outbox() -> None:
     """Succeeded, dead (two error types), failed, owed, scheduled and slow-lane rows."""
-    receiver(OrderPlaced, key="dash.ok")(ok)
-    receiver(OrderPlaced, key="dash.mailer", max_attempts=1)(failing)
-    receiver(OrderPlaced, key="dash.flaky", max_attempts=5)(refused)
-    receiver(OrderPlaced, key="dash.reminder", due=timedelta(days=2, hours=1))(ok)
-    receiver(Pinged, key="dash.slow", lane="slow", max_attempts=1)(refused)
-    for order_id in (1, 2, 3):
-        fire_one(OrderPlaced(order_id=order_id))
-    fire_one(Pinged(n=1))
-    # The flaky rows wait out their backoff; mailer and slow are dead after one attempt.
-    drain_outbox(respect_backoff=True)
-    fire_one(Pinged(n=2))  # an owed row, due now
+    seed_outbox()
 
 
 def rows(**filters: Any) -> int:
