@@ -28,6 +28,8 @@ _EXPORTS: dict[str, str] = {
     "INLINE": "declare",
     "ON_COMMIT": "declare",
     "Retention": "declare",
+    "recurring": "recurrence",
+    "Schedule": "recurrence",
     # Firing
     "fire": "firing",
     "attributed": "scope",
@@ -44,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "claim_batch": "delivery.claim",
     "backoff": "retry",
     "notify_relay": "delivery.wake",
+    "fire_due_ticks": "delivery.ticks",
     "DeliveryContext": "delivery.outcomes",
     "DeliveryFailure": "delivery.outcomes",
     "DeliveryStatus": "models",
@@ -67,6 +70,8 @@ _EXPORTS: dict[str, str] = {
     "prune_events": "retention",
     "dead_letters": "operations",
     "purge_dead": "operations",
+    "pause_schedule": "operations",
+    "resume_schedule": "operations",
     # Introspection
     "outbox_health": "introspect",
     "OutboxHealth": "introspect",
@@ -135,6 +140,7 @@ if TYPE_CHECKING:
     from .delivery.passes import deliver_one, deliver_pending
     from .delivery.relay import run_relay
     from .delivery.tasks import TaskBackend
+    from .delivery.ticks import fire_due_ticks
     from .delivery.wake import notify_relay
     from .firing import fire
     from .introspect import (
@@ -152,10 +158,13 @@ if TYPE_CHECKING:
     from .operations import (
         cancel_deliveries,
         dead_letters,
+        pause_schedule,
         purge_dead,
         replay_events,
         requeue_dead,
+        resume_schedule,
     )
+    from .recurrence import Schedule, recurring
     from .retention import prune_events
     from .retry import Constant, Exponential, Linear, backoff
     from .scope import (

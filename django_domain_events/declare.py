@@ -258,6 +258,11 @@ def _declared(r: RegisteredReceiver) -> str:
     return f"{dotted_name(r.func)}{located} for {listens}"
 
 
+def default_key(func: Any) -> str:
+    """``<app_label>.<function name>``: the key of a receiver or schedule declared without one."""
+    return f"{_app_label(func)}.{func.__name__}"
+
+
 def _app_label(obj: Any) -> str:
     module = getattr(obj, "__module__", "") or ""
     config = apps.get_containing_app_config(module) if apps.apps_ready else None
@@ -441,7 +446,7 @@ def receiver(
         if not callable(func):
             raise TypeError(f"@receiver decorates a function, not {func!r}.")
         _check_arity(func, takes_context)
-        receiver_key = key if key is not None else f"{_app_label(func)}.{func.__name__}"
+        receiver_key = key if key is not None else default_key(func)
         if not isinstance(receiver_key, str) or not receiver_key.strip():
             raise ValueError(f"@receiver(key=) must be a non-empty string, not {receiver_key!r}.")
         if len(receiver_key) > MAX_NAME_LENGTH:

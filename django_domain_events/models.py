@@ -336,6 +336,65 @@ class LanePauseRecord(models.Model):
         return f"{self.lane} paused by {self.worker_id} until {self.until.isoformat()}"
 
 
+class TickStatus(models.TextChoices):
+    """What became of a schedule's tick."""
+
+    FIRED = "fired", "fired"
+    SKIPPED = "skipped", "skipped"
+    FAILED = "failed", "failed"
+
+
+class ScheduleRecord(models.Model):
+    """A ``@recurring`` schedule's cursor: the newest tick handled and the next one due.
+
+    Each relay pass reads the earliest ``next_tick_at`` (one indexed query); the relay
+    that moves the cursor forward, by compare-and-set, fires the ticks in between.
+    ``next_tick_at`` is NULL while the schedule is paused.
+    """
+
+    key = models.CharField(max_length=255, primary_key=True)
+    spec = models.CharField(max_length=255)
+    next_tick_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    last_tick_at = models.DateTimeField(null=True, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "schedule"
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class TickRecord(models.Model):
+    """One tick of a schedule, fired, failed or skipped; unique per (schedule, tick), so a
+    tick fires once whichever relay reaches it and whatever crashes in between.
+
+    A skipped row may stand for a run of ticks: ``skipped_from`` is the first of them
+    and ``tick`` the last.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    schedule_key = models.CharField(max_length=255)
+    tick = models.DateTimeField()
+    status = models.CharField(max_length=16, choices=TickStatus.choices)
+    event = models.ForeignKey(
+        EventRecord, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    skipped_from = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+    recorded_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        verbose_name = "tick"
+        constraints = [
+            models.UniqueConstraint(fields=["schedule_key", "tick"], name="dde_tick_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_key} at {self.tick.isoformat()}: {self.status}"
+
+
 class OutboxDashboard(DeliveryRecord):
     """No table: the admin index's entry for the outbox dashboard (``admin.py``), since
     Django lists models there and nothing else."""

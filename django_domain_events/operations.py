@@ -1,4 +1,5 @@
-"""What an operator (or the application) does to rows: cancel, replay, requeue, dead letters.
+"""What an operator (or the application) does to rows: cancel, replay, requeue, dead letters,
+and pause or resume a recurring schedule.
 
 Every operation joins the caller's transaction when called inside one, locks the events
 it touches in primary-key order on PostgreSQL and MariaDB (so a cancel, a replay and a
@@ -18,9 +19,11 @@ from django.db.models import QuerySet
 from . import clock, conf, tally
 from .declare import RegisteredReceiver, registry
 from .delivery.outcomes import receiver_lifetime_end
+from .delivery.ticks import record_skipped, sync_schedules
 from .delivery.wake import wake_after_commit
 from .firing import resolve_due, resolve_targets
-from .models import DeliveryRecord, DeliveryStatus, EventRecord, database_alias
+from .models import DeliveryRecord, DeliveryStatus, EventRecord, ScheduleRecord, database_alias
+from .recurrence import Schedule, aware, schedules
 from .retention import remember_successes
 
 REOPENABLE = (
@@ -325,3 +328,64 @@ def purge_dead(
             purged += count
             after = batch[-1][0]
     return purged
+
+
+# Schedules ------------------------------------------------------------------
+
+
+def pause_schedule(key: str, *, now: datetime | None = None) -> bool:
+    """Stop a ``@recurring`` schedule firing until it is resumed; False if already paused.
+
+    The pause is a row, so it holds for every relay and across restarts.
+    """
+    schedule = _declared_schedule(key)
+    moment = clock.normalize(now) if now is not None else clock.now()
+    alias = database_alias()
+    with transaction.atomic(using=alias):
+        sync_schedules(moment)
+        return bool(
+            ScheduleRecord.objects.using(alias)
+            .filter(key=schedule.key, paused_at__isnull=True)
+            .update(paused_at=moment, next_tick_at=None)
+        )
+
+
+def resume_schedule(key: str, *, now: datetime | None = None) -> bool:
+    """Let a paused schedule fire again from its next tick; False if it was not paused.
+
+    The ticks that fell in the pause are recorded as skipped, not fired.
+    """
+    schedule = _declared_schedule(key)
+    moment = clock.normalize(now) if now is not None else clock.now()
+    alias = database_alias()
+    with transaction.atomic(using=alias):
+        rows = ScheduleRecord.objects.using(alias).filter(key=schedule.key, paused_at__isnull=False)
+        if connections[alias].features.has_select_for_update:
+            rows = rows.select_for_update()
+        row = rows.first()
+        if row is None:
+            return False
+        paused_at = aware(row.paused_at or moment)
+        after = aware(row.last_tick_at) if row.last_tick_at else paused_at
+        paused_ticks = schedule.latest(after, aware(moment), 1)
+        if paused_ticks:
+            record_skipped(
+                alias,
+                schedule,
+                (schedule.next_after(after), paused_ticks[0]),
+                f"the schedule was paused from {paused_at.isoformat()}",
+                aware(moment),
+            )
+            row.last_tick_at = clock.normalize(paused_ticks[0])
+        row.paused_at = None
+        row.next_tick_at = clock.normalize(schedule.next_after(aware(moment)))
+        row.save(using=alias, update_fields=["paused_at", "next_tick_at", "last_tick_at"])
+        return True
+
+
+def _declared_schedule(key: str) -> Schedule:
+    schedule = schedules.get(key)
+    if schedule is None:
+        known = ", ".join(schedules.keys()) or "none are declared"
+        raise ValueError(f"No @recurring schedule has the key {key!r}; the keys are: {known}.")
+    return schedule

@@ -15,6 +15,7 @@ import pytest
 from django.db import connection
 
 from django_domain_events import registry
+from django_domain_events.recurrence import schedules
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,6 +28,15 @@ def isolated_receivers() -> Iterator[None]:
     for declared in registry.receivers:
         if declared.key not in before:
             registry.forget(declared.key)
+
+
+@pytest.fixture(autouse=True)
+def isolated_schedules() -> Iterator[None]:
+    """Schedules a test declares are forgotten after it."""
+    before = set(schedules.keys())
+    yield
+    for key in set(schedules.keys()) - before:
+        schedules.remove(key)
 
 
 def child_env() -> dict[str, str]:

@@ -42,6 +42,7 @@ from .passes import (
 from .pool import Pools
 from .run import around_hook, expire_overdue
 from .tasks import get_backend
+from .ticks import Ticker
 from .wake import Listener, wakes_by_notify
 
 logger = logging.getLogger("django_domain_events.relay")
@@ -309,6 +310,7 @@ def _loop(
     if listener is not None:
         listener.listen()  # before the first claim: nothing fired after it is missed
     pools = Pools(lanes, slots) if any(n > 1 for n in slots.values()) else None
+    ticker = Ticker()
     outage_pause = min(settings.POLL_SECONDS, 2.0)
     last_prune = last_activity = last_compact = float("-inf")
     done = 0
@@ -327,6 +329,8 @@ def _loop(
                     claimed = pools.fill(state, batch_size, lane_batch_sizes, limit)
                 else:
                     claimed = run_pass(state, lanes, batch_size, lane_batch_sizes, limit)
+                if not state.stop():
+                    claimed += ticker.look()  # a fired tick is work: deliver it next pass
                 outage_pause = min(settings.POLL_SECONDS, 2.0)
             except Exception as error:
                 if not is_outage(error, alias):
@@ -370,7 +374,7 @@ def _loop(
             if prune_now:
                 last_prune = time.monotonic()
             _idle_work(prune if prune_now else None)
-            if _wait(listener, settings.POLL_SECONDS, state):
+            if _wait(listener, _poll(settings.POLL_SECONDS, ticker), state):
                 last_activity = time.monotonic()
     finally:
         if pools is not None:
@@ -439,6 +443,12 @@ def _compact_tally(alias: str) -> None:
         tally.compact(alias)
     except Exception:
         logger.exception("The relay could not compact the scheduled tally; it will retry.")
+
+
+def _poll(poll: float, ticker: Ticker) -> float:
+    """The idle wait: the poll interval, or less when a schedule's tick comes due sooner."""
+    tick = ticker.seconds_to_next()
+    return poll if tick is None else min(poll, max(tick, 0.01))
 
 
 def _wait(listener: Listener | None, poll: float, state: Pass) -> bool:

@@ -64,3 +64,11 @@ class UntilConsumed:
 @dataclass(frozen=True)
 class UntilSettled:
     n: int = 0
+
+
+@event
+@dataclass(frozen=True)
+class ReportDue:
+    """Fired by the tests' recurring schedules: ``tick`` is the tick, as ISO text."""
+
+    tick: str
