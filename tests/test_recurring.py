@@ -174,6 +174,21 @@ def test_a_function_returning_no_event_records_the_tick_failed() -> None:
     assert "not an instance of an @event class" in failed.reason
 
 
+def test_a_plain_function_returning_an_awaitable_records_the_tick_failed() -> None:
+    async def later() -> ReportDue:
+        return ReportDue(tick="")
+
+    @recurring(every=timedelta(minutes=1), key="tests.awaitable")
+    def sneaky(tick: datetime) -> ReportDue:
+        return later()  # type: ignore[return-value]
+
+    fire_due_ticks(now=T0)
+    fire_due_ticks(now=T0 + timedelta(minutes=1))
+    failed = TickRecord.objects.get(schedule_key="tests.awaitable")
+    assert failed.status == TickStatus.FAILED
+    assert "returned an awaitable" in failed.reason
+
+
 def test_a_tick_fired_inside_a_transaction_that_rolls_back_is_not_lost() -> None:
     key = every_minute()
     fire_due_ticks(now=T0)

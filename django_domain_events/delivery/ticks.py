@@ -26,6 +26,7 @@ from ..models import ScheduleRecord, TickRecord, TickStatus, database_alias
 from ..recurrence import Schedule, aware, schedules
 from .outage import is_outage
 from .outcomes import describe_error
+from .run import refuse_awaitable
 
 logger = logging.getLogger("django_domain_events.schedules")
 
@@ -195,6 +196,7 @@ def _fire_tick(alias: str, schedule: Schedule, tick: datetime, now: datetime) ->
     try:
         with transaction.atomic(using=alias):
             evt = schedule.build(tick)
+            refuse_awaitable(evt, f"schedule {schedule.key}'s function", "the event to fire")
             if registry.event_for_class(type(evt)) is None:
                 raise TypeError(
                     f"schedule {schedule.key} returned {evt!r}, not an instance of an "
