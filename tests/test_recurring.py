@@ -414,3 +414,32 @@ def test_looking_for_due_ticks_is_one_query_whatever_the_schedules_and_past_tick
     assert len(queries) == 1
     assert "ticktime" not in queries[0]["sql"].lower()
     assert "tickrecord" not in queries[0]["sql"].lower()
+
+
+def test_a_changed_definition_ticks_from_the_change_not_before_it() -> None:
+    hourly(catch_up="all")  # cursor at 10:30, hourly
+    schedules.remove("tests.hourly")
+
+    @recurring(every=timedelta(minutes=15), key="tests.hourly", catch_up="all")
+    def quarterly(tick: datetime) -> ReportDue:
+        return ReportDue(tick=tick.isoformat())
+
+    changed = datetime(2026, 6, 1, 10, 50, tzinfo=UTC)
+    fire_due_ticks(now=changed)  # a relay with the new code starts at 10:50
+    assert fire_due_ticks(now=datetime(2026, 6, 1, 11, 5, tzinfo=UTC)) == 1
+    assert fired_ticks("tests.hourly") == [datetime(2026, 6, 1, 11, 0, tzinfo=UTC)]
+    assert skipped_runs("tests.hourly") == []
+
+
+def test_an_idle_relay_sleeps_until_the_next_tick_not_a_second_at_a_time() -> None:
+    from django_domain_events.delivery.ticks import Ticker
+
+    @recurring(every=timedelta(days=1), key="tests.daily")
+    def daily(tick: datetime) -> ReportDue:
+        return ReportDue(tick=tick.isoformat())
+
+    ticker = Ticker()
+    assert ticker.seconds_to_next() is None  # nothing known before the first look
+    ticker.look()
+    left = ticker.seconds_to_next()
+    assert left is not None and left > 1.0  # the next tick is later today, not in a second

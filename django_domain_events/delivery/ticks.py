@@ -110,15 +110,20 @@ def sync_schedules(now: datetime | None = None) -> int:
     written = len(missing)
     for s in declared:
         if s.key in known and known[s.key] != s.spec:
-            # A new definition takes effect from now; a paused one stays paused.
+            # A new definition takes effect from now, like a new schedule: no tick of it
+            # before now fires (the old one's missed ticks are not its). Paused stays paused.
             written += (
                 ScheduleRecord.objects.using(alias)
                 .filter(key=s.key, spec=known[s.key], next_tick_at__isnull=False)
-                .update(spec=s.spec, next_tick_at=clock.normalize(s.next_after(moment)))
+                .update(
+                    spec=s.spec,
+                    last_tick_at=clock.normalize(moment),
+                    next_tick_at=clock.normalize(s.next_after(moment)),
+                )
             )
             ScheduleRecord.objects.using(alias).filter(
                 key=s.key, spec=known[s.key], next_tick_at__isnull=True
-            ).update(spec=s.spec)
+            ).update(spec=s.spec, last_tick_at=clock.normalize(moment))
             logger.info("Schedule %s changed to %s; it ticks on that from now.", s.key, s.spec)
     return written
 
@@ -294,13 +299,15 @@ class Ticker:
     """A relay's watch on the schedules: at most one query a second, none without any.
 
     ``look()`` runs in each pass; the first one gives the declared schedules their
-    cursor rows. ``seconds_to_next()`` tells an idle relay how long it may sleep.
+    cursor rows. ``seconds_to_next()`` tells an idle relay when the next known tick
+    comes due, so it sleeps no longer than that (and no shorter than its poll would).
     """
 
     def __init__(self) -> None:
         self._keys = schedules.keys()
         self._synced = False
-        self._next_look = 0.0  # time.monotonic() of the next look
+        self._next_look = 0.0  # time.monotonic() before which no look queries
+        self._next_tick: float | None = None  # time.monotonic() of the next known tick
 
     def look(self) -> int:
         """Fire the ticks that came due, if it is time to look; returns how many fired."""
@@ -315,17 +322,19 @@ class Ticker:
         earliest = _earliest(alias, self._keys)
         due = [key for key, at in earliest if aware(at) <= moment]
         fired = sum(fire_schedule(key, now) for key in due)
-        wait = CHECK_SECONDS
+        looked = time.monotonic()
+        self._next_look = looked + CHECK_SECONDS
+        self._next_tick = None
         if len(due) == DUE_BATCH:
-            wait = 0.0  # more may be due: look again on the next pass
+            self._next_look = self._next_tick = looked  # more may be due: look again now
         elif len(earliest) > len(due):
             upcoming = (aware(earliest[len(due)][1]) - moment).total_seconds()
-            wait = max(0.0, min(wait, upcoming))
-        self._next_look = time.monotonic() + wait
+            self._next_tick = looked + max(0.0, upcoming)
+            self._next_look = min(self._next_look, self._next_tick)
         return fired
 
     def seconds_to_next(self) -> float | None:
-        """How long until the next look is due, or None without schedules."""
-        if not self._keys:
+        """How long until the next tick known to come due, or None if none is known."""
+        if self._next_tick is None:
             return None
-        return max(0.0, self._next_look - time.monotonic())
+        return max(0.0, self._next_tick - time.monotonic())
