@@ -61,8 +61,9 @@ clean:
 #   make .venv-dj6  Python 3.13 with the newest Django 6.x and django-tasks-db: the
 #                   second leg of `make test` (SQLite and PostgreSQL; no lint there)
 #   make dist       build sdist and wheel, twine check them, install the wheel with no
-#                   extras in a fresh virtualenv and run the example's demo against it,
-#                   then follow docs/tutorial.md in a fresh directory (scripts/dist.sh)
+#                   extras in a fresh virtualenv (then the cron extra: cronsim only) and
+#                   run the example's demo against it, then follow docs/tutorial.md in a
+#                   fresh directory (scripts/dist.sh)
 #   make docs       the documentation site, MkDocs with --strict, into build/site
 
 # pyenv's 3.13 where this machine has it, else python3.13 on PATH.

@@ -7,8 +7,10 @@
 # 2. The wheel holds the migrations, py.typed and every other file of the package
 #    (templates, static files); wheel and sdist carry the BSD-3-Clause licence.
 # 3. A fresh virtualenv installs the wheel with no extras: it pulls in neither psycopg
-#    nor celery (nor any other extra), and the example project's `demo` runs against
-#    it from a copy of example/, with the repository nowhere on sys.path.
+#    nor celery (nor any other extra). Then the `cron` extra, which the example's
+#    nightly report needs: it adds cronsim and nothing else. The example project's
+#    `demo` runs against it from a copy of example/, with the repository nowhere on
+#    sys.path.
 # 4. docs/tutorial.md is followed as written in a fresh directory (scripts/tutorial.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -99,6 +101,15 @@ VPY=$work/venv/bin/python
 if grep -iE '^(psycopg|psycopg-binary|psycopg2|celery|kombu|prometheus.client|mysqlclient|django-tasks)==' \
     "$work/installed.txt"; then
     fail "installing the wheel with no extras pulled in an optional dependency (above)"
+fi
+
+say "add the cron extra (cronsim, for the example's @recurring schedule)"
+"$VPY" -m pip install --quiet "$wheel[cron]"
+"$VPY" -m pip list --format=freeze >"$work/with-cron.txt"
+added=$(comm -13 <(sort "$work/installed.txt") <(sort "$work/with-cron.txt"))
+echo "$added"
+if [ "$(echo "$added" | sed 's/==.*//')" != "cronsim" ]; then
+    fail "the cron extra should add cronsim and nothing else; it added: $added"
 fi
 
 say "the example's demo against the installed wheel"

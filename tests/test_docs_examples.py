@@ -24,7 +24,12 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGE = DOCS / "scheduled-reactions.md"
 # Pages whose examples run, with how many python blocks each leaves unmarked (shown,
 # not run). docs/tutorial.md is run as a whole by scripts/tutorial.py (make dist).
-PAGES = {"scheduled-reactions.md": 2, "howto-migrate.md": 0}
+PAGES = {
+    "scheduled-reactions.md": 2,
+    "howto-migrate.md": 0,
+    "recurring.md": 1,
+    "howto-recurring.md": 1,
+}
 
 EXAMPLE = re.compile(
     r"<!-- example: (?P<name>[\w-]+) -->\n```python\n(?P<code>.*?)\n```",

@@ -2,6 +2,7 @@ from django.contrib import admin
 
 from .models import (
     Customer,
+    DailySalesReport,
     Email,
     Invoice,
     LedgerEntry,
@@ -20,7 +21,7 @@ class CustomerAdmin(admin.ModelAdmin):
 
 @admin.register(Order)
 class OrderAdmin(admin.ModelAdmin):
-    list_display = ["id", "customer", "total", "status"]
+    list_display = ["id", "customer", "total", "status", "placed_at"]
     list_filter = ["status"]
 
 
@@ -59,3 +60,8 @@ class NewsletterAdmin(admin.ModelAdmin):
 @admin.register(StockCount)
 class StockCountAdmin(admin.ModelAdmin):
     list_display = ["id", "warehouse", "sku", "quantity"]
+
+
+@admin.register(DailySalesReport)
+class DailySalesReportAdmin(admin.ModelAdmin):
+    list_display = ["day", "orders", "paid", "cancelled", "sales", "written_at"]

@@ -37,14 +37,22 @@ Message lifecycle:
 ``shop.push_stock_to_marketplace``   ``ttl=timedelta(hours=1)``: a stock count older than an hour
                                      is worthless, so the row dies ``expired:`` rather than run late
 ===================================  =============================================================
+
+A recurring schedule (``@recurring``), fired by the relays, once per tick:
+
+================================  ================================================================
+``shop.nightly_sales_report``     at 02:00 in Paris, fires ``SalesReportDue`` for the day before
+``shop.write_sales_report``       ``SalesReportDue``: writes that day's ``DailySalesReport``
+================================  ================================================================
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
+from zoneinfo import ZoneInfo
 
 from django.utils import timezone
 
@@ -57,9 +65,20 @@ from django_domain_events import (
     NotYet,
     event,
     receiver,
+    recurring,
 )
 
-from .models import Customer, Email, Invoice, LedgerEntry, Newsletter, Offer, Order, Shipment
+from .models import (
+    Customer,
+    DailySalesReport,
+    Email,
+    Invoice,
+    LedgerEntry,
+    Newsletter,
+    Offer,
+    Order,
+    Shipment,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -315,3 +334,47 @@ def push_stock_to_marketplace(evt: StockCounted) -> None:
     if not MARKETPLACE_REACHABLE:
         raise ConnectionError("marketplace stock API unreachable")
     logger.info("marketplace told: %s x %s", evt.quantity, evt.sku)
+
+
+# A recurring schedule: a nightly sales report -----------------------------------------------
+
+SHOP_ZONE = ZoneInfo("Europe/Paris")  # the shop's days are Paris days
+
+
+@event
+@dataclass(frozen=True)
+class SalesReportDue:
+    day: date
+
+
+# Every night at 02:00 in Paris, whichever relay looks first fires this once. catch_up="all":
+# after nights with no relay running, each missed night's report is still made, oldest first.
+# (02:00 does not exist in Paris on the last Sunday of March, when the clocks jump to 03:00:
+# that night has no tick, so no report of the Saturday. A report every day needs "0 3 * * *".)
+@recurring(
+    cron="0 2 * * *", timezone="Europe/Paris", key="shop.nightly_sales_report", catch_up="all"
+)
+def nightly_sales_report(tick: datetime) -> SalesReportDue:
+    """The report of the day before the tick: the day is read from the tick, never from
+    the clock, so a report fired late or delivered after a retry covers the right day."""
+    return SalesReportDue(day=tick.date() - timedelta(days=1))
+
+
+@receiver(SalesReportDue)
+def write_sales_report(evt: SalesReportDue) -> None:
+    """Database-only, so it runs effectively once; a replay rewrites the same row."""
+    start = datetime.combine(evt.day, datetime.min.time(), tzinfo=SHOP_ZONE)
+    orders = list(
+        Order.objects.filter(placed_at__gte=start, placed_at__lt=start + timedelta(days=1))
+    )
+    kept = [o for o in orders if o.status != Order.Status.CANCELLED]
+    DailySalesReport.objects.update_or_create(
+        day=evt.day,
+        defaults={
+            "orders": len(orders),
+            "paid": sum(o.status == Order.Status.PAID for o in orders),
+            "cancelled": len(orders) - len(kept),
+            "sales": sum((o.total for o in kept), Decimal("0.00")),
+            "written_at": timezone.now(),
+        },
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
 
 
 class Customer(models.Model):
@@ -22,6 +23,7 @@ class Order(models.Model):
     customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="orders")
     total = models.DecimalField(max_digits=10, decimal_places=2)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PLACED)
+    placed_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     def __str__(self) -> str:
         return f"Order #{self.pk} ({self.status})"
@@ -117,3 +119,18 @@ class StockCount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.quantity} x {self.sku} in {self.warehouse}"
+
+
+class DailySalesReport(models.Model):
+    """One day's sales, in the shop's time zone (Europe/Paris): written each night by
+    ``shop.write_sales_report`` for the day before."""
+
+    day = models.DateField(unique=True)
+    orders = models.PositiveIntegerField()
+    paid = models.PositiveIntegerField()
+    cancelled = models.PositiveIntegerField()
+    sales = models.DecimalField(max_digits=12, decimal_places=2)  # the orders not cancelled
+    written_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"Sales of {self.day}: {self.orders} orders, {self.sales}"

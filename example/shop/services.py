@@ -38,12 +38,22 @@ from .models import Customer, Invoice, Newsletter, Offer, Order, Shipment, Stock
 CENT = Decimal("0.01")
 
 
-def place_order(customer: Customer, total: Decimal | str) -> Order:
-    """Create an order and record ``OrderPlaced``; ``ValueError`` if a receiver refuses it."""
+def place_order(
+    customer: Customer, total: Decimal | str, *, placed_at: datetime | None = None
+) -> Order:
+    """Create an order and record ``OrderPlaced``; ``ValueError`` if a receiver refuses it.
+
+    ``placed_at`` (default now) is when the order was placed, for an import or a backfill;
+    the event's ``occurred_at`` says the same.
+    """
     amount = Decimal(total).quantize(CENT)
+    placed_at = placed_at or timezone.now()
     with transaction.atomic():
-        order = Order.objects.create(customer=customer, total=amount)
-        fire(OrderPlaced(order_id=order.pk, customer_id=customer.pk, total=amount))
+        order = Order.objects.create(customer=customer, total=amount, placed_at=placed_at)
+        fire(
+            OrderPlaced(order_id=order.pk, customer_id=customer.pk, total=amount),
+            occurred_at=placed_at,
+        )
     return order
 
 

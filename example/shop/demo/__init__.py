@@ -10,7 +10,7 @@ demo with a non-zero exit.
 
 from __future__ import annotations
 
-from . import basics, lifecycle, scheduling
+from . import basics, lifecycle, recurring, scheduling
 from .story import Chapter, Story
 
 CHAPTERS: tuple[Chapter, ...] = (
@@ -32,6 +32,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     lifecycle.a_constant_retry_policy,
     lifecycle.a_message_lifetime,
     lifecycle.dead_letters_are_purged,
+    recurring.a_nightly_sales_report,
 )
 
 __all__ = ["CHAPTERS", "Chapter", "Story"]
