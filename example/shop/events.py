@@ -41,7 +41,7 @@ Message lifecycle:
 A recurring schedule (``@recurring``), fired by the relays, once per tick:
 
 ================================  ================================================================
-``shop.nightly_sales_report``     at 02:00 in Paris, fires ``SalesReportDue`` for the day before
+``shop.nightly_sales_report``     at 03:00 in Paris, fires ``SalesReportDue`` for the day before
 ``shop.write_sales_report``       ``SalesReportDue``: writes that day's ``DailySalesReport``
 ================================  ================================================================
 """
@@ -347,12 +347,12 @@ class SalesReportDue:
     day: date
 
 
-# Every night at 02:00 in Paris, whichever relay looks first fires this once. catch_up="all":
+# Every night at 03:00 in Paris, whichever relay looks first fires this once. catch_up="all":
 # after nights with no relay running, each missed night's report is still made, oldest first.
-# (02:00 does not exist in Paris on the last Sunday of March, when the clocks jump to 03:00:
-# that night has no tick, so no report of the Saturday. A report every day needs "0 3 * * *".)
+# (03:00, not 02:00: 02:00-02:59 does not exist in Paris on the last Sunday of March, so a
+# job in that hour would have no tick that night, and no report of the Saturday.)
 @recurring(
-    cron="0 2 * * *", timezone="Europe/Paris", key="shop.nightly_sales_report", catch_up="all"
+    cron="0 3 * * *", timezone="Europe/Paris", key="shop.nightly_sales_report", catch_up="all"
 )
 def nightly_sales_report(tick: datetime) -> SalesReportDue:
     """The report of the day before the tick: the day is read from the tick, never from

@@ -31,15 +31,15 @@ def paris(day: int, hour: int, minute: int = 0, second: int = 0) -> datetime:
 
 
 def when(moment: datetime) -> str:
-    """``Tue 2 Jun 02:00``, in Paris (seconds left out)."""
+    """``Tue 2 Jun 03:00``, in Paris (seconds left out)."""
     local = moment.astimezone(SHOP_ZONE)
     return f"{local:%a} {local.day} {local:%b %H:%M}"
 
 
 def a_nightly_sales_report(story: Story) -> None:
     """A recurring schedule: the nightly sales report"""
-    story.say('shop.nightly_sales_report is declared @recurring(cron="0 2 * * *",')
-    story.say('timezone="Europe/Paris", catch_up="all"): each night at 02:00 Paris time it fires')
+    story.say('shop.nightly_sales_report is declared @recurring(cron="0 3 * * *",')
+    story.say('timezone="Europe/Paris", catch_up="all"): each night at 03:00 Paris time it fires')
     story.say(
         "SalesReportDue(day=the day before), and the durable receiver shop.write_sales_report"
     )
@@ -58,14 +58,14 @@ def a_nightly_sales_report(story: Story) -> None:
     story.say("  The schedule starts where a relay first sees it: earlier ticks never fire.")
     story.expect(first == 0, f"a new schedule fired {first} ticks before it was first seen")
 
-    night_1 = _fire(story, paris(2, 2, 0, 5))
+    night_1 = _fire(story, paris(2, 3, 0, 5))
     _deliver(story)
     with _quiet_shop():
         place_order(grace, "19.90", placed_at=paris(2, 11))
     story.say("Tue 2 Jun: Grace 19.90.")
-    night_2 = _fire(story, paris(3, 2, 0, 5))
+    night_2 = _fire(story, paris(3, 3, 0, 5))
     _deliver(story)
-    again = _fire(story, paris(3, 2, 10))
+    again = _fire(story, paris(3, 3, 10))
     story.say("  Each tick fires once, however many relays look.")
     story.expect(
         (night_1, night_2, again) == (1, 1, 0),
