@@ -94,9 +94,9 @@ def schedule_status(*, now: datetime | None = None) -> tuple[ScheduleStatus, ...
     """Every schedule, declared or left by a cursor row, sorted by key, in two queries.
 
     One query reads the cursor rows, each with the id of its newest fired, skipped and
-    failed tick (three probes of the ``(schedule_key, tick)`` index, read newest
-    first); one more reads those tick rows. So the cost follows the schedules, never
-    the ticks recorded. Nothing is written: a schedule no relay has seen yet is listed
+    failed tick (three descents of the ``(schedule_key, status, tick)`` index, read
+    newest first); one more reads those tick rows. So the cost follows the schedules,
+    never the ticks recorded. Nothing is written: a schedule no relay has seen yet is listed
     without a cursor.
     """
     moment = aware(now if now is not None else clock.now())

@@ -194,6 +194,37 @@ def test_status_is_sorted_by_key_and_reads_in_two_queries_whatever_the_tick_rows
     assert [s.last_fired for s in after] == [s.last_fired for s in before]
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
+def test_status_reads_each_newest_tick_from_an_index_on_postgresql() -> None:
+    key = minutely()
+    fire_due_ticks(now=T0)
+    TickRecord.objects.bulk_create(
+        (
+            TickRecord(
+                schedule_key=key,
+                tick=clock.normalize(T0 - timedelta(minutes=m)),
+                status=TickStatus.FIRED,
+                recorded_at=clock.normalize(T0),
+            )
+            for m in range(1, 100_000)
+        ),
+        batch_size=5000,
+    )
+    table = TickRecord._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {table}")
+    with CaptureQueriesContext(connection) as queries:
+        schedule_status(now=T0)
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN {queries[0]['sql']}")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    # No failed or skipped tick at all: each probe still descends the index once,
+    # never reading the schedule's 100,000 fired ticks to find none.
+    assert f"Seq Scan on {table}" not in plan, plan
+    assert f"Bitmap Heap Scan on {table}" not in plan, plan
+    assert "dde_tick_newest" in plan, plan
+
+
 def test_nothing_declared_and_no_rows_costs_one_query() -> None:
     with CaptureQueriesContext(connection) as queries:
         assert schedule_status() == ()
