@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
-from django.core.management import CommandError
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.db.models import Count
 from django.test.utils import CaptureQueriesContext
@@ -339,6 +339,13 @@ def test_schedules_with_an_unknown_key_exits_non_zero() -> None:
 
 def test_schedules_without_any_says_so() -> None:
     assert "No schedule is declared" in command("schedules")
+
+
+def test_schedules_refuses_a_format_it_does_not_write() -> None:
+    with pytest.raises(CommandError, match="invalid choice: 'xml'"):
+        command("schedules", "--format", "xml")
+    with pytest.raises(CommandError, match="'xml' is not a format; use one of text, json"):
+        call_command("schedules", format="xml")
 
 
 # Tick rows pruned --------------------------------------------------------------

@@ -16,8 +16,10 @@ from ...operations import pause_schedule, resume_schedule
 from ...recurrence import aware
 from ..base import OutboxCommand
 
+FORMATS = ("text", "json")
 
-def zone_of(status: ScheduleStatus) -> ZoneInfo:
+
+def _zone_of(status: ScheduleStatus) -> ZoneInfo:
     """The zone a schedule's times are shown in: its own for cron, UTC for an interval."""
     return ZoneInfo(status.timezone)
 
@@ -37,7 +39,7 @@ class Command(OutboxCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--format", choices=["text", "json"], default="text")
+        parser.add_argument("--format", choices=FORMATS, default="text")
         change = parser.add_mutually_exclusive_group()
         change.add_argument(
             "--pause",
@@ -52,6 +54,10 @@ class Command(OutboxCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["format"] not in FORMATS:  # call_command(format=...) skips argparse
+            raise CommandError(
+                f"--format {options['format']!r} is not a format; use one of {', '.join(FORMATS)}."
+            )
         if options.get("pause"):
             self._pause(options["pause"])
         elif options.get("resume"):
@@ -82,7 +88,7 @@ class Command(OutboxCommand):
             self.stdout.write(f"{key} was not paused.")
             return
         (status,) = [s for s in schedule_status() if s.key == key]
-        zone = zone_of(status)
+        zone = _zone_of(status)
         text = f"Resumed {key}; its next tick is {_shown(status.next_tick_at, zone)}"
         if status.skip_reason.startswith("the schedule was paused") and status.last_skipped:
             text += f"; the ticks of the pause ({_run(status, zone)}) were recorded skipped"
@@ -93,7 +99,7 @@ class Command(OutboxCommand):
     def _json(self, found: tuple[ScheduleStatus, ...]) -> None:
         rows = []
         for status in found:
-            zone = zone_of(status)
+            zone = _zone_of(status)
             rows.append(
                 {name: _in_zone(value, zone) for name, value in dataclasses.asdict(status).items()}
             )
@@ -108,7 +114,7 @@ class Command(OutboxCommand):
         self.stdout.write("\n\n".join(blocks))
 
     def _block(self, status: ScheduleStatus, now: datetime) -> str:
-        zone = zone_of(status)
+        zone = _zone_of(status)
         head = status.key
         if not status.declared:
             head += " (not declared: no relay fires it; declare it again, or delete its rows)"
