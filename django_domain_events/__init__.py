@@ -80,12 +80,15 @@ _EXPORTS: dict[str, str] = {
     "LanePause": "introspect",
     "quiet_receivers": "introspect",
     "QuietReceiver": "introspect",
+    "schedule_status": "introspect",
+    "ScheduleStatus": "introspect",
     "catalogue": "cataloguing",
     "render_catalogue": "cataloguing",
     "Catalogue": "cataloguing",
     "CatalogueEvent": "cataloguing",
     "CatalogueField": "cataloguing",
     "CatalogueReceiver": "cataloguing",
+    "CatalogueSchedule": "cataloguing",
     "what_listens_to": "introspect",
     "listens_for": "introspect",
     # Testing
@@ -111,6 +114,7 @@ if TYPE_CHECKING:
         CatalogueEvent,
         CatalogueField,
         CatalogueReceiver,
+        CatalogueSchedule,
         catalogue,
         render_catalogue,
     )
@@ -149,9 +153,11 @@ if TYPE_CHECKING:
         OutboxHealth,
         QuietReceiver,
         ReceiverBacklog,
+        ScheduleStatus,
         listens_for,
         outbox_health,
         quiet_receivers,
+        schedule_status,
         what_listens_to,
     )
     from .models import DeliveryStatus

@@ -44,9 +44,20 @@ from .models import (
     DeliveryStatus,
     EventRecord,
     OutboxDashboard,
+    ScheduleRecord,
+    TickRecord,
+    TickStatus,
     database_alias,
 )
-from .operations import cancel_deliveries, replay_events, requeue_dead, retry_now
+from .operations import (
+    cancel_deliveries,
+    pause_schedule,
+    replay_events,
+    requeue_dead,
+    resume_schedule,
+    retry_now,
+)
+from .recurrence import schedules
 
 #: What an operation raises for a selection it refuses (an event no longer declared or
 #: pruned meanwhile, a payload that no longer decodes): reported, with nothing applied.
@@ -56,8 +67,11 @@ if TYPE_CHECKING:
     _EventAdminBase = admin.ModelAdmin[EventRecord]
     _DeliveryAdminBase = admin.ModelAdmin[DeliveryRecord]
     _DeliveryInlineBase = admin.TabularInline[DeliveryRecord, EventRecord]
+    _ScheduleAdminBase = admin.ModelAdmin[ScheduleRecord]
+    _TickAdminBase = admin.ModelAdmin[TickRecord]
 else:
     _EventAdminBase = _DeliveryAdminBase = admin.ModelAdmin
+    _ScheduleAdminBase = _TickAdminBase = admin.ModelAdmin
     _DeliveryInlineBase = admin.TabularInline
 
 #: Rows of an event shown inline on its page; the rest are a link away.
@@ -73,6 +87,8 @@ _STATUS_COLOURS = {
     DeliveryStatus.ORPHANED.value: "#ba2121",
     DeliveryStatus.FAILED.value: "#c05600",
     DeliveryStatus.CLAIMED.value: "#1565c0",
+    TickStatus.FIRED.value: "#2e7d32",
+    TickStatus.SKIPPED.value: "#c05600",
 }
 
 
@@ -825,6 +841,232 @@ class DeliveryRecordAdmin(_ReadOnly, _DeliveryAdminBase):
         )
 
 
+# ---------------------------------------------------------------- schedules
+
+
+def _schedule_keys() -> list[tuple[str, str]]:
+    """The declared schedules' keys, then the keys of cursor rows no schedule declares
+    any more (one read of the cursor table, a row per schedule)."""
+    declared = schedules.keys()
+    rows = ScheduleRecord.objects.using(router.db_for_read(ScheduleRecord)).values_list(
+        "key", flat=True
+    )
+    gone = sorted(set(rows) - set(declared))
+    return [(key, key) for key in declared] + [(key, f"{key} (not declared)") for key in gone]
+
+
+class PausedFilter(admin.SimpleListFilter):
+    """Schedules paused, or ticking."""
+
+    title = "paused"
+    parameter_name = "paused"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "paused"), ("no", "ticking")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value() == "yes":
+            return queryset.filter(paused_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(paused_at__isnull=True)
+        return queryset
+
+
+class TickScheduleFilter(admin.SimpleListFilter):
+    """The schedules, declared or left by a cursor row (any key still filters by URL)."""
+
+    title = "schedule"
+    parameter_name = "schedule"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return _schedule_keys()
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value is None:
+            return queryset
+        return queryset.filter(schedule_key=value)
+
+
+def _tick_status(value: str) -> SafeString:
+    if value == TickStatus.FAILED.value:
+        return format_html('<span style="color: #ba2121; font-weight: bold">{}</span>', value)
+    return _status(value)
+
+
+def _keys_text(keys: list[str], one: str, many: str) -> str:
+    return f"{', '.join(keys)} {one if len(keys) == 1 else many}"
+
+
+class ScheduleRecordAdmin(_ReadOnly, _ScheduleAdminBase):
+    """The ``@recurring`` schedules' cursors, with Pause and Resume (the operations
+    ``pause_schedule`` and ``resume_schedule``, so a pause holds on every relay)."""
+
+    list_display = (
+        "key_shown",
+        "spec",
+        "paused_shown",
+        "next_tick_at_shown",
+        "last_tick_at_shown",
+        "ticks_link",
+    )
+    list_display_links = ("key_shown",)
+    list_filter = (PausedFilter,)
+    search_fields = ("key",)
+    ordering = ("key",)
+    actions = ("pause_selected_schedules", "resume_selected_schedules")
+    fields = (
+        "key_shown",
+        "spec",
+        "paused_shown",
+        "next_tick_at_shown",
+        "last_tick_at_shown",
+        "created_at_shown",
+        "ticks_link",
+    )
+    readonly_fields = fields
+    next_tick_at_shown = _shown_to_the_second("next_tick_at", "next tick")
+    last_tick_at_shown = _shown_to_the_second("last_tick_at", "last tick")
+    created_at_shown = _shown_to_the_second("created_at", "created at")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return _ViewOnlyChangeList
+
+    @admin.display(description="key", ordering="key")
+    def key_shown(self, obj: ScheduleRecord) -> str:
+        if schedules.get(obj.key) is None:
+            return f"{obj.key} (not declared)"
+        return obj.key
+
+    @admin.display(description="paused", ordering="paused_at")
+    def paused_shown(self, obj: ScheduleRecord) -> str:
+        if obj.paused_at is None:
+            return "no"
+        return f"paused since {when(obj.paused_at)}"
+
+    @admin.display(description="ticks")
+    def ticks_link(self, obj: ScheduleRecord) -> SafeString | str:
+        try:
+            url = reverse(f"{self.admin_site.name}:django_domain_events_tickrecord_changelist")
+        except NoReverseMatch:
+            return "-"
+        return format_html('<a href="{}?{}">its ticks</a>', url, urlencode({"schedule": obj.key}))
+
+    @admin.action(description="Pause selected schedules", permissions=["change"])
+    def pause_selected_schedules(
+        self, request: HttpRequest, queryset: QuerySet[ScheduleRecord]
+    ) -> None:
+        keys = sorted(queryset.order_by().values_list("key", flat=True))
+        try:
+            with transaction.atomic(using=database_alias()):
+                paused = [key for key in keys if pause_schedule(key)]
+        except ValueError as exc:
+            self.message_user(request, f"Nothing was paused: {exc}", messages.ERROR)
+            return
+        already = [key for key in keys if key not in paused]
+        if not paused:
+            text = _keys_text(already, "was already paused", "were already paused")
+            self.message_user(request, f"Nothing was paused: {text}.", messages.WARNING)
+            return
+        text = f"Paused {', '.join(paused)}"
+        if already:
+            text += f"; {_keys_text(already, 'was already paused', 'were already paused')}"
+        self.message_user(request, text + ".", messages.SUCCESS)
+
+    @admin.action(description="Resume selected schedules", permissions=["change"])
+    def resume_selected_schedules(
+        self, request: HttpRequest, queryset: QuerySet[ScheduleRecord]
+    ) -> None:
+        keys = sorted(queryset.order_by().values_list("key", flat=True))
+        try:
+            with transaction.atomic(using=database_alias()):
+                resumed = [key for key in keys if resume_schedule(key)]
+        except ValueError as exc:
+            self.message_user(request, f"Nothing was resumed: {exc}", messages.ERROR)
+            return
+        running = [key for key in keys if key not in resumed]
+        if not resumed:
+            text = _keys_text(running, "was not paused", "were not paused")
+            self.message_user(request, f"Nothing was resumed: {text}.", messages.WARNING)
+            return
+        text = f"Resumed {', '.join(resumed)}"
+        if running:
+            text += f"; {_keys_text(running, 'was not paused', 'were not paused')}"
+        self.message_user(request, text + ".", messages.SUCCESS)
+
+
+class TickRecordAdmin(_ReadOnly, _TickAdminBase):
+    """Each tick of each schedule: fired (with its event), skipped or failed, and why."""
+
+    list_display = (
+        "id",
+        "schedule_key",
+        "ticks_shown",
+        "status_badge",
+        "event_link",
+        "reason_preview",
+    )
+    list_display_links = ("id", "ticks_shown")
+    list_filter = ("status", TickScheduleFilter)
+    list_select_related = ("event",)
+    search_fields = ("schedule_key", "reason")
+    ordering = ("-id",)
+    show_full_result_count = False
+    fields = (
+        "id",
+        "schedule_key",
+        "tick_shown",
+        "skipped_from_shown",
+        "status_badge",
+        "event_link",
+        "reason_full",
+        "recorded_at_shown",
+    )
+    readonly_fields = fields
+    tick_shown = _shown_to_the_second("tick", "tick")
+    skipped_from_shown = _shown_to_the_second("skipped_from", "skipped from")
+    recorded_at_shown = _shown_to_the_second("recorded_at", "recorded at")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return _ViewOnlyChangeList
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TickRecord]:
+        # The event is shown by name and id only: don't read its payload for the link.
+        return super().get_queryset(request).defer("event__payload", "event__scope")
+
+    @admin.display(description="tick", ordering="tick")
+    def ticks_shown(self, obj: TickRecord) -> str:
+        """The tick, or the run of ticks a skipped row stands for."""
+        if obj.skipped_from is not None and obj.skipped_from != obj.tick:
+            return f"{when(obj.skipped_from)} to {when(obj.tick)}"
+        return when(obj.tick)
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: TickRecord) -> SafeString:
+        return _tick_status(obj.status)
+
+    @admin.display(description="event", ordering="event_id")
+    def event_link(self, obj: TickRecord) -> SafeString | str:
+        event = obj.event
+        if event is None:
+            return "-"
+        label = f"{event.name} #{event.pk}"
+        url = _event_url(self.admin_site.name, event.pk)
+        if url is None:
+            return label
+        return format_html('<a href="{}">{}</a>', url, label)
+
+    @admin.display(description="reason")
+    def reason_preview(self, obj: TickRecord) -> str:
+        return Truncator(obj.reason).chars(ERROR_PREVIEW_CHARS) or "-"
+
+    @admin.display(description="reason")
+    def reason_full(self, obj: TickRecord) -> SafeString | str:
+        if not obj.reason:
+            return "-"
+        return format_html('<pre style="margin: 0; white-space: pre-wrap">{}</pre>', obj.reason)
+
+
 # ---------------------------------------------------------------- dashboard
 
 #: How often the dashboard fetches its figures again; ``?refresh=N`` overrides it.
@@ -1205,10 +1447,14 @@ if apps.is_installed("django.contrib.admin"):
     admin.site.register(EventRecord, EventRecordAdmin)
     admin.site.register(DeliveryRecord, DeliveryRecordAdmin)
     admin.site.register(OutboxDashboard, OutboxDashboardAdmin)
+    admin.site.register(ScheduleRecord, ScheduleRecordAdmin)
+    admin.site.register(TickRecord, TickRecordAdmin)
 
 __all__ = [
     "DeliveryInline",
     "DeliveryRecordAdmin",
     "EventRecordAdmin",
     "OutboxDashboardAdmin",
+    "ScheduleRecordAdmin",
+    "TickRecordAdmin",
 ]

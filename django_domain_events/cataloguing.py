@@ -30,6 +30,8 @@ from .declare import (
     dotted_name,
 )
 from .declare import registry as default_registry
+from .recurrence import Schedule, Schedules
+from .recurrence import schedules as default_schedules
 from .retry import describe
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "CatalogueEvent",
     "CatalogueField",
     "CatalogueReceiver",
+    "CatalogueSchedule",
     "catalogue",
     "render_catalogue",
 ]
@@ -108,22 +111,49 @@ class CatalogueEvent:
 
 
 @dataclass(frozen=True)
+class CatalogueSchedule:
+    """A ``@recurring`` schedule: when it ticks, its catch-up, and the event it fires.
+
+    ``cron`` and ``timezone`` (the zone it is read in, Django's ``TIME_ZONE`` when none
+    was declared) for a cron schedule, ``every_seconds`` for an interval; ``spec`` is
+    both in one line. ``catch_up_limit`` is set for ``catch_up="all"`` only.
+    ``tolerance_seconds`` is how late a tick may still fire (``None``: no limit; one
+    minute for ``"none"`` unless declared). ``event_name`` is the event the function's
+    return annotation names, ``None`` without one. ``function`` is its dotted path.
+    """
+
+    key: str
+    spec: str
+    cron: str | None
+    timezone: str | None
+    every_seconds: float | None
+    catch_up: str
+    catch_up_limit: int | None
+    tolerance_seconds: float | None
+    event_name: str | None
+    function: str
+
+
+@dataclass(frozen=True)
 class Catalogue:
-    """Every event sorted by name, and the ``AnyEvent`` receivers once, sorted by key."""
+    """Every event sorted by name, the ``AnyEvent`` receivers once, sorted by key, and
+    the ``@recurring`` schedules, sorted by key."""
 
     events: tuple[CatalogueEvent, ...]
     wildcard_receivers: tuple[CatalogueReceiver, ...]
+    schedules: tuple[CatalogueSchedule, ...] = ()
 
 
 # ---------------------------------------------------------------- building
 
 
-def catalogue(registry: Registry | None = None) -> Catalogue:
-    """The catalogue of ``registry`` (the package's registry by default).
+def catalogue(registry: Registry | None = None, *, schedules: Schedules | None = None) -> Catalogue:
+    """The catalogue of ``registry`` and ``schedules`` (the package's by default).
 
     Reads declarations, type hints and settings only; nothing declared is called.
     """
     registry = registry if registry is not None else default_registry
+    schedules = schedules if schedules is not None else default_schedules
     settings = conf.get()
     events = registry.events
     by_class = {e.event_class: e for e in events}
@@ -153,6 +183,29 @@ def catalogue(registry: Registry | None = None) -> Catalogue:
             for e in sorted(events, key=lambda e: e.name)
         ),
         wildcard_receivers=tuple(sorted(wildcards, key=lambda r: r.key)),
+        schedules=tuple(_schedule(s, registry) for s in schedules.all()),
+    )
+
+
+def _schedule(schedule: Schedule, registry: Registry) -> CatalogueSchedule:
+    returned = schedule.event_type
+    registered = None
+    if returned is not None:
+        registered = registry.event_for_class(returned) or default_registry.event_for_class(
+            returned
+        )
+    limit = schedule.late_limit
+    return CatalogueSchedule(
+        key=schedule.key,
+        spec=schedule.spec,
+        cron=schedule.cron,
+        timezone=schedule.zone.key if schedule.cron is not None else None,
+        every_seconds=_seconds(schedule.every.total_seconds()) if schedule.every else None,
+        catch_up=schedule.catch_up,
+        catch_up_limit=schedule.catch_up_limit if schedule.catch_up == "all" else None,
+        tolerance_seconds=_seconds(limit.total_seconds()) if limit is not None else None,
+        event_name=registered.name if registered is not None else None,
+        function=dotted_name(schedule.func),
     )
 
 
@@ -342,8 +395,16 @@ def _markdown(cat: Catalogue) -> str:
     blocks: list[str] = [_TITLE, _PREAMBLE]
     if not cat.events:
         blocks.append("No events are declared.")
+    fired_by: dict[str, list[str]] = {}
+    for schedule in cat.schedules:
+        if schedule.event_name is not None:
+            fired_by.setdefault(schedule.event_name, []).append(schedule.key)
     for evt in cat.events:
-        blocks.extend(_event_blocks(evt, wildcards=len(cat.wildcard_receivers)))
+        blocks.extend(
+            _event_blocks(
+                evt, wildcards=len(cat.wildcard_receivers), fired_by=fired_by.get(evt.name, [])
+            )
+        )
     if cat.wildcard_receivers:
         blocks.append("## Every event (AnyEvent)")
         blocks.append(
@@ -351,21 +412,47 @@ def _markdown(cat: Catalogue) -> str:
             "fired, whatever its name, including events declared later."
         )
         blocks.extend(_receiver_blocks(cat.wildcard_receivers))
+    if cat.schedules:
+        blocks.append("## Schedules")
+        blocks.append(
+            "The relays call each of these functions once per tick (`@recurring`), and "
+            "fire the event it returns as of the tick."
+        )
+        blocks.append(_table(_SCHEDULE_HEADER, [_schedule_row(s) for s in cat.schedules]))
     return "\n\n".join(blocks) + "\n"
 
 
-def _event_blocks(evt: CatalogueEvent, *, wildcards: int) -> list[str]:
-    blocks = [
-        f"## {evt.name}",
-        "\n".join(
-            [
-                f"- Version: {evt.version}",
-                f"- Class: {_code(evt.class_path)}",
-                f"- Retention: {_retention_text(evt.retention)}",
-            ]
-        ),
-        "### Fields",
+_SCHEDULE_HEADER = ("key", "when", "catch-up", "tolerance", "event", "function")
+
+
+def _schedule_row(s: CatalogueSchedule) -> tuple[str, ...]:
+    if s.cron is not None:
+        when = f"cron {_code(s.cron)} in {s.timezone}"
+    else:
+        when = f"every {_duration(s.every_seconds or 0)}"
+    catch_up = s.catch_up
+    if s.catch_up_limit is not None:
+        catch_up += f" (at most {s.catch_up_limit})"
+    return (
+        _code(s.key),
+        when,
+        catch_up,
+        _duration(s.tolerance_seconds) if s.tolerance_seconds is not None else "no limit",
+        _code(s.event_name) if s.event_name is not None else _NONE,
+        _code(s.function),
+    )
+
+
+def _event_blocks(evt: CatalogueEvent, *, wildcards: int, fired_by: list[str]) -> list[str]:
+    facts = [
+        f"- Version: {evt.version}",
+        f"- Class: {_code(evt.class_path)}",
+        f"- Retention: {_retention_text(evt.retention)}",
     ]
+    if fired_by:
+        keys = ", ".join(_code(key) for key in fired_by)
+        facts.append(f"- Fired on a schedule by: {keys} (see Schedules)")
+    blocks = [f"## {evt.name}", "\n".join(facts), "### Fields"]
     if evt.fields:
         blocks.append(
             _table(

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.db import connections, router
-from django.db.models import Case, Count, Min, When
+from django.db.models import Case, Count, Min, OuterRef, Subquery, When
 
 from . import clock, conf
 from .declare import AnyEvent, RegisteredEvent, RegisteredReceiver, registry
@@ -18,7 +19,11 @@ from .models import (
     DeliveryStatus,
     LanePauseRecord,
     ReceiverMark,
+    ScheduleRecord,
+    TickRecord,
+    TickStatus,
 )
+from .recurrence import Schedule, aware, schedules
 from .tally import horizon, scheduled_from
 
 
@@ -35,6 +40,153 @@ def listens_for(key: str) -> RegisteredEvent | None:
     if declared is None or declared.wildcard:
         return None
     return registry.event_for_class(declared.event_class)
+
+
+# Schedules -------------------------------------------------------------------
+
+#: How long past its time a schedule's next tick may stay unfired before it is late:
+#: a relay looks for due ticks about once a second, so a minute means none is running
+#: (or none reaches the database). Twice ``POLL_SECONDS`` when that is longer.
+LATE_AFTER_SECONDS = 60.0
+
+#: How many of its coming ticks a schedule's status lists.
+NEXT_TICKS = 3
+
+
+@dataclass(frozen=True)
+class ScheduleStatus:
+    """A ``@recurring`` schedule as its rows show it: the last ticks handled, the next due.
+
+    Every datetime is aware, in UTC; ``timezone`` names the zone the schedule's ticks
+    are read in (``UTC`` for an interval), to show them as its users see them.
+    ``declared`` is False for a cursor row whose schedule is no longer in the code; such
+    a row has no ``catch_up`` and no next ticks: nothing will fire it. ``late`` says a
+    schedule's next tick is more than a minute overdue: no relay is firing it.
+    ``failing`` says its newest failed tick is newer than its newest fired one.
+    """
+
+    key: str
+    spec: str
+    timezone: str
+    catch_up: str | None
+    declared: bool
+    paused: bool
+    paused_at: datetime | None
+    next_tick_at: datetime | None
+    last_fired: datetime | None
+    last_event_id: int | None
+    last_skipped: datetime | None
+    skipped_from: datetime | None
+    skip_reason: str
+    last_failed: datetime | None
+    failure: str
+    failing: bool
+    next_ticks: tuple[datetime, ...]
+    late: bool
+
+
+def late_after() -> timedelta:
+    """How overdue a schedule's next tick may be before ``ScheduleStatus.late`` says so."""
+    return timedelta(seconds=max(2 * conf.get().POLL_SECONDS, LATE_AFTER_SECONDS))
+
+
+def schedule_status(*, now: datetime | None = None) -> tuple[ScheduleStatus, ...]:
+    """Every schedule, declared or left by a cursor row, sorted by key, in two queries.
+
+    One query reads the cursor rows, each with the id of its newest fired, skipped and
+    failed tick (three descents of the ``(schedule_key, status, tick)`` index, read
+    newest first); one more reads those tick rows. So the cost follows the schedules,
+    never the ticks recorded. Nothing is written: a schedule no relay has seen yet is listed
+    without a cursor.
+    """
+    moment = aware(now if now is not None else clock.now())
+    alias = router.db_for_read(ScheduleRecord)
+    newest = {
+        f"newest_{status.value}": Subquery(
+            TickRecord.objects.filter(schedule_key=OuterRef("key"), status=status)
+            .order_by("-tick")
+            .values("pk")[:1]
+        )
+        for status in TickStatus
+    }
+    rows = {
+        row.key: row for row in ScheduleRecord.objects.using(alias).annotate(**newest).order_by()
+    }
+    tick_ids = [pk for row in rows.values() for pk in (getattr(row, name) for name in newest) if pk]
+    ticks = TickRecord.objects.using(alias).in_bulk(tick_ids) if tick_ids else {}
+    found = []
+    for key in sorted(set(rows) | set(schedules.keys())):
+        row = rows.get(key)
+        last = {
+            status: ticks.get(getattr(row, f"newest_{status.value}") or 0) if row else None
+            for status in TickStatus
+        }
+        found.append(_status(key, schedules.get(key), row, last, moment))
+    return tuple(found)
+
+
+def _status(
+    key: str,
+    schedule: Schedule | None,
+    row: ScheduleRecord | None,
+    last: dict[TickStatus, TickRecord | None],
+    moment: datetime,
+) -> ScheduleStatus:
+    fired, skipped, failed = (
+        last[TickStatus.FIRED],
+        last[TickStatus.SKIPPED],
+        last[TickStatus.FAILED],
+    )
+    paused_at = _aware(row.paused_at) if row is not None else None
+    next_tick_at = _aware(row.next_tick_at) if row is not None else None
+    next_ticks: list[datetime] = []
+    if schedule is not None and paused_at is None:
+        tick = moment
+        for _ in range(NEXT_TICKS):
+            tick = schedule.next_after(tick)
+            next_ticks.append(tick)
+    last_fired = _aware(fired.tick) if fired else None
+    last_failed = _aware(failed.tick) if failed else None
+    spec = schedule.spec if schedule is not None else row.spec if row is not None else ""
+    return ScheduleStatus(
+        key=key,
+        spec=spec,
+        timezone=schedule.zone.key if schedule is not None else _zone_of_spec(spec),
+        catch_up=schedule.catch_up if schedule is not None else None,
+        declared=schedule is not None,
+        paused=paused_at is not None,
+        paused_at=paused_at,
+        next_tick_at=next_tick_at,
+        last_fired=last_fired,
+        last_event_id=fired.event_id if fired else None,
+        last_skipped=_aware(skipped.tick) if skipped else None,
+        skipped_from=_aware(skipped.skipped_from) if skipped else None,
+        skip_reason=skipped.reason if skipped else "",
+        last_failed=last_failed,
+        failure=failed.reason if failed else "",
+        failing=last_failed is not None and (last_fired is None or last_failed > last_fired),
+        next_ticks=tuple(next_ticks),
+        late=(
+            schedule is not None
+            and next_tick_at is not None
+            and moment - next_tick_at > late_after()
+        ),
+    )
+
+
+def _zone_of_spec(spec: str) -> str:
+    """The zone of a stored spec (``cron EXPR ZONE``), for a schedule no longer declared."""
+    if spec.startswith("cron "):
+        name = spec.rsplit(" ", 1)[-1]
+        try:
+            return ZoneInfo(name).key
+        except (ZoneInfoNotFoundError, ValueError):
+            pass
+    return "UTC"
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    return aware(value) if value is not None else None
 
 
 # Health ----------------------------------------------------------------------
@@ -76,7 +228,11 @@ class LaneBacklog:
 
 @dataclass(frozen=True)
 class OutboxHealth:
-    """Is delivery keeping up? Owed work is due now; scheduled work is not due yet."""
+    """Is delivery keeping up? Owed work is due now; scheduled work is not due yet.
+
+    ``schedules`` has the declared ``@recurring`` schedules (``schedule_status()``): one
+    that is ``late`` has no relay firing it, one that is ``failing`` raised on its tick.
+    """
 
     owed: int
     claimed: int
@@ -86,6 +242,7 @@ class OutboxHealth:
     receivers: tuple[ReceiverBacklog, ...] = ()
     scheduled: int = 0
     lanes: tuple[LaneBacklog, ...] = ()
+    schedules: tuple[ScheduleStatus, ...] = ()
 
 
 @dataclass
@@ -109,7 +266,8 @@ class _Tally:
 
 
 def outbox_health(*, now: datetime | None = None) -> OutboxHealth:
-    """The backlog, per receiver and per lane, worst first, in four queries.
+    """The backlog, per receiver and per lane, worst first, in four queries; and the
+    ``@recurring`` schedules' status, in two more when any is declared.
 
     Read from the partial indexes over owed and dead rows, so the cost follows the work
     outstanding, never the settled history; work due in a later hour is read from the
@@ -154,7 +312,9 @@ def outbox_health(*, now: datetime | None = None) -> OutboxHealth:
         pauses.setdefault(pause.lane, []).append(
             LanePause(worker_id=pause.worker_id, paused_at=pause.paused_at, until=pause.until)
         )
-    return _assemble(tallies, pauses, lapsed)
+    # Two more queries, only when schedules are declared (schedule_status()).
+    ticking = schedule_status(now=moment) if schedules.keys() else ()
+    return _assemble(tallies, pauses, lapsed, ticking)
 
 
 _OWED_BEFORE_SQL = """
@@ -211,7 +371,10 @@ def _worst_first(tally: _Tally, name: str) -> tuple[Any, ...]:
 
 
 def _assemble(
-    tallies: dict[str, _Tally], pauses: dict[str, list[LanePause]], lapsed: int
+    tallies: dict[str, _Tally],
+    pauses: dict[str, list[LanePause]],
+    lapsed: int,
+    ticking: tuple[ScheduleStatus, ...],
 ) -> OutboxHealth:
     lane_of = {key: lane for lane, keys in registry.lanes().items() for key in keys}
     lanes: dict[str, _Tally] = {lane: _Tally() for lane in registry.lanes()}
@@ -239,6 +402,7 @@ def _assemble(
         receivers=receivers,
         scheduled=total.scheduled,
         lanes=lane_backlogs,
+        schedules=ticking,
     )
 
 

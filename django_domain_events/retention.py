@@ -4,6 +4,10 @@ An event is deleted only when none of its deliveries is owed (pending, failed, c
 checked once to choose candidates and again under a lock at the delete, so a replay
 that reopens a row between the two is never cascaded away. Each receiver's newest
 success is recorded before its rows go, so ``quiet_receivers`` survives the prune.
+
+A ``@recurring`` schedule's tick rows go too: a fired tick's row with its event, a
+skipped or failed one (no event) once it is older than the window. The schedules'
+cursors stay, and they alone decide which ticks fire (see ``_delete_old_ticks``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from .models import (
     DeliveryStatus,
     EventRecord,
     ReceiverMark,
+    TickRecord,
+    TickStatus,
     database_alias,
 )
 
@@ -39,7 +45,9 @@ def prune_events(
 
     ``older_than`` replaces the ``RETENTION_DAYS`` window for events that declared no
     retention of their own. Works in batches of ``PRUNE_BATCH_ROWS`` rows (events and
-    deliveries counted alike), at most ``limit`` events in all.
+    deliveries counted alike), at most ``limit`` events in all. A schedule's tick rows
+    go with their events; its skipped and failed ones, which have none, once recorded
+    longer ago than the window, in batches of as many rows.
     """
     settings = conf.get()
     if older_than is not None and (
@@ -63,6 +71,7 @@ def prune_events(
         if not batch:
             break
         deleted += _delete_batch(batch, moment, window)
+    _delete_old_ticks(moment - window, rows_per_batch)
     return deleted
 
 
@@ -121,8 +130,32 @@ def _delete_batch(batch: Sequence[int], moment: datetime, window: timedelta) -> 
         going = DeliveryRecord.objects.using(alias).filter(event_id__in=still)
         remember_successes(alias, going)
         going.delete()
+        # A fired tick's row goes with its event (the foreign key cascades too; said here
+        # so the batch visibly stays bounded: one tick row at most per event).
+        TickRecord.objects.using(alias).filter(event_id__in=still).delete()
         EventRecord.objects.using(alias).filter(pk__in=still).delete()
     return len(still)
+
+
+def _delete_old_ticks(cutoff: datetime, rows_per_batch: int) -> int:
+    """Delete skipped and failed tick rows recorded before ``cutoff``, in batches.
+
+    This cannot make a tick fire twice: a relay fires only the ticks after its
+    schedule's cursor (``ScheduleRecord.last_tick_at``), which only ever moves forward
+    and is never deleted here, so a tick at or before it is never considered again,
+    row or no row. Every tick row is at or before its cursor (it is written in the
+    transaction that moves the cursor past it), so the unique ``(schedule_key, tick)``
+    guard never needs one that is gone: the rows are the history an operator reads.
+    """
+    alias = database_alias()
+    old = TickRecord.objects.using(alias).filter(
+        status__in=[TickStatus.SKIPPED, TickStatus.FAILED], recorded_at__lte=cutoff
+    )
+    deleted = 0
+    while batch := list(old.order_by().values_list("pk", flat=True)[:rows_per_batch]):
+        count, _ = TickRecord.objects.using(alias).filter(pk__in=batch).delete()
+        deleted += count
+    return deleted
 
 
 def remember_successes(alias: str, rows: QuerySet[DeliveryRecord]) -> None:

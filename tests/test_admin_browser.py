@@ -1,4 +1,5 @@
-"""The admin in a real browser: log in, filter dead deliveries, requeue them, read an event.
+"""The admin in a real browser: log in, filter dead deliveries, requeue them, read an event;
+pause a schedule and read its ticks.
 
 Runs headless Chromium (Debian's ``/usr/bin/chromium``, which ``.ci/run`` installs)
 through Playwright against pytest-django's live server. Without Chromium the module is
@@ -11,16 +12,17 @@ from __future__ import annotations
 
 import os
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from django.db import transaction
 from playwright.sync_api import Page, expect
 
-from django_domain_events import drain_outbox, fire, receiver
-from django_domain_events.models import DeliveryRecord
-from tests.app.events import OrderPlaced
+from django_domain_events import clock, drain_outbox, fire, fire_due_ticks, receiver, recurring
+from django_domain_events.models import DeliveryRecord, ScheduleRecord
+from django_domain_events.recurrence import aware
+from tests.app.events import OrderPlaced, ReportDue
 from tests.conftest import CHROMIUM
 
 if not CHROMIUM.exists() and os.environ.get("CI") != "true":
@@ -101,3 +103,37 @@ def test_event_page_shows_its_deliveries(page: Page, live_server: Any) -> None:
     # Nothing to edit or save.
     expect(page.locator("input[name=_save]")).to_have_count(0)
     expect(page.locator("form#eventrecord_form input:not([type=hidden])")).to_have_count(0)
+
+
+def test_pause_a_schedule_and_read_its_ticks(page: Page, live_server: Any) -> None:
+    @recurring(every=timedelta(minutes=1), key="browser.report")
+    def report(tick: datetime) -> ReportDue:
+        return ReportDue(tick=tick.isoformat())
+
+    base = aware(clock.now()).replace(second=0, microsecond=0) - timedelta(hours=1)
+    fire_due_ticks(now=base + timedelta(seconds=30))
+    fire_due_ticks(now=base + timedelta(minutes=3, seconds=5))  # skips two, fires one
+
+    page.goto(f"{live_server.url}/admin/django_domain_events/schedulerecord/")
+    rows = page.locator("#result_list tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("browser.report")
+    expect(rows.first).to_contain_text("every 0:01:00")
+
+    page.check("#action-toggle")
+    page.select_option("select[name=action]", label="Pause selected schedules")
+    page.click("button[name=index]")
+    expect(page.locator(".messagelist .success")).to_have_text("Paused browser.report.")
+    expect(rows.first).to_contain_text("paused since")
+    assert ScheduleRecord.objects.get(key="browser.report").paused_at is not None
+
+    rows.first.get_by_role("link", name="its ticks").click()
+    page.wait_for_url(re.compile(r"/tickrecord/\?schedule=browser.report"))
+    ticks = page.locator("#result_list tbody tr")
+    expect(ticks).to_have_count(2)
+    expect(ticks.filter(has_text="fired")).to_contain_text("testapp.ReportDue #")
+    ticks.filter(has_text="skipped").locator("th a").click()
+    page.wait_for_url(re.compile(r"/tickrecord/\d+/change/"))
+    expect(page.locator("h1")).to_contain_text("View tick")
+    expect(page.locator(".field-reason_full")).to_contain_text("catch_up='latest'")
+    expect(page.locator("input[name=_save]")).to_have_count(0)

@@ -24,17 +24,20 @@ from django_domain_events import (
     CatalogueEvent,
     CatalogueField,
     CatalogueReceiver,
+    CatalogueSchedule,
     Constant,
     Exponential,
     Linear,
     Retention,
     catalogue,
     receiver,
+    recurring,
     registry,
     render_catalogue,
 )
-from django_domain_events.declare import RegisteredEvent, Registry
-from tests.app.events import OrderPlaced, OrderShipped
+from django_domain_events.declare import RegisteredEvent, Registry, dotted_name
+from django_domain_events.recurrence import Schedules
+from tests.app.events import OrderPlaced, OrderShipped, ReportDue
 
 HERE = __name__
 
@@ -489,9 +492,10 @@ def test_json_parses_to_the_catalogue_dataclasses() -> None:
             for e in parsed["events"]
         ),
         wildcard_receivers=tuple(CatalogueReceiver(**r) for r in parsed["wildcard_receivers"]),
+        schedules=tuple(CatalogueSchedule(**r) for r in parsed["schedules"]),
     )
     assert rebuilt == cat
-    assert list(parsed) == ["events", "wildcard_receivers"]
+    assert list(parsed) == ["events", "schedules", "wildcard_receivers"]
     assert list(parsed["events"][0]) == sorted(parsed["events"][0])
     assert text.startswith('{\n  "events": [\n')
 
@@ -520,15 +524,93 @@ def test_markdown_escapes_table_pipes() -> None:
 
 
 def test_an_empty_registry_still_renders() -> None:
-    cat = catalogue(Registry())
-    assert cat == Catalogue(events=(), wildcard_receivers=())
+    cat = catalogue(Registry(), schedules=Schedules())
+    assert cat == Catalogue(events=(), wildcard_receivers=(), schedules=())
     assert "No events are declared." in render_catalogue(cat)
-    assert json.loads(render_catalogue(cat, "json")) == {"events": [], "wildcard_receivers": []}
+    assert "Schedules" not in render_catalogue(cat)
+    assert json.loads(render_catalogue(cat, "json")) == {
+        "events": [],
+        "schedules": [],
+        "wildcard_receivers": [],
+    }
 
 
 def test_an_unknown_format_is_refused_with_the_accepted_ones() -> None:
     with pytest.raises(ValueError, match=r"format='xml'.*'markdown', 'json'"):
         render_catalogue(catalogue(), format="xml")
+
+
+# ---------------------------------------------------------------- schedules
+
+
+def declare_schedules() -> dict[str, object]:
+    """Three schedules whose functions must never run in the catalogue."""
+
+    @recurring(cron="0 6 * * MON-FRI", timezone="America/New_York", key="t.weekday")
+    def weekday(tick: datetime) -> ReportDue:
+        raise AssertionError("the catalogue called a schedule")
+
+    @recurring(
+        every=timedelta(minutes=90),
+        key="t.often",
+        catch_up="all",
+        catch_up_limit=10,
+        tolerance=timedelta(hours=2),
+    )
+    def often(tick):  # type: ignore[no-untyped-def] - no annotation: no event known
+        raise AssertionError("the catalogue called a schedule")
+
+    @recurring(cron="30 2 * * *", key="t.nightly", catch_up="none")
+    def nightly(tick: datetime) -> ReportDue:
+        raise AssertionError("the catalogue called a schedule")
+
+    return {"t.weekday": weekday, "t.often": often, "t.nightly": nightly}
+
+
+def test_schedules_are_listed_by_key_with_when_and_what_they_fire() -> None:
+    functions = declare_schedules()
+    cat = catalogue()
+    assert [s.key for s in cat.schedules] == ["t.nightly", "t.often", "t.weekday"]
+    nightly, often, weekday = cat.schedules
+    assert weekday == CatalogueSchedule(
+        key="t.weekday",
+        spec="cron 0 6 * * MON-FRI America/New_York",
+        cron="0 6 * * MON-FRI",
+        timezone="America/New_York",
+        every_seconds=None,
+        catch_up="latest",
+        catch_up_limit=None,
+        tolerance_seconds=None,
+        event_name="testapp.ReportDue",
+        function=dotted_name(functions["t.weekday"]),
+    )
+    # No zone declared: Django's TIME_ZONE; catch_up="none": a minute of tolerance.
+    assert (nightly.timezone, nightly.catch_up, nightly.tolerance_seconds) == (
+        "Europe/Paris",
+        "none",
+        60,
+    )
+    assert (often.cron, often.timezone, often.every_seconds) == (None, None, 5400)
+    assert (often.catch_up_limit, often.tolerance_seconds, often.event_name) == (10, 7200, None)
+
+
+def test_schedules_render_in_markdown_and_json() -> None:
+    declare_schedules()
+    text = render_catalogue(catalogue())
+    table = section(text, "Schedules")
+    assert "| key | when | catch-up | tolerance | event | function |" in table
+    assert (
+        "| `t.weekday` | cron `0 6 * * MON-FRI` in America/New_York | latest | no limit "
+        "| `testapp.ReportDue` |"
+    ) in table
+    assert "| `t.often` | every 1h 30m | all (at most 10) | 2h | - |" in table
+    assert table.index("`t.nightly`") < table.index("`t.often`") < table.index("`t.weekday`")
+    assert "- Fired on a schedule by: `t.nightly`, `t.weekday`" in section(
+        text, "testapp.ReportDue"
+    )
+    data = json.loads(render_catalogue(catalogue(), "json"))
+    assert [s["key"] for s in data["schedules"]] == ["t.nightly", "t.often", "t.weekday"]
+    assert data["schedules"][1]["every_seconds"] == 5400
 
 
 # ---------------------------------------------------------------- export_catalogue

@@ -92,7 +92,7 @@ def test_dead_letters_refuse_an_event_name_that_cannot_match() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("args", [("events_status",), ("dead_letters", "dump")])
+@pytest.mark.parametrize("args", [("events_status",), ("dead_letters", "dump"), ("schedules",)])
 def test_a_reader_that_stops_early_ends_the_command_quietly(args: tuple) -> None:
     receiver(OrderPlaced, key="t.dlq", max_attempts=1)(failing)
     for n in range(3):

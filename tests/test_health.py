@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from io import StringIO
 
 import pytest
@@ -16,15 +16,27 @@ from django_domain_events import (
     DeliveryStatus,
     RetryAfter,
     claim_batch,
+    clock,
     drain_outbox,
+    fire_due_ticks,
     outbox_health,
+    pause_schedule,
     receiver,
+    recurring,
     run_relay,
 )
 from django_domain_events.introspect import OutboxHealth
-from django_domain_events.models import DeliveryRecord, EventRecord, LanePauseRecord
-from tests.app.events import OrderPlaced, Pinged
-from tests.support import failing, fire_one
+from django_domain_events.models import (
+    DeliveryRecord,
+    EventRecord,
+    LanePauseRecord,
+    ScheduleRecord,
+    TickRecord,
+    TickStatus,
+)
+from django_domain_events.recurrence import aware
+from tests.app.events import OrderPlaced, Pinged, ReportDue
+from tests.support import command, failing, fire_one
 
 pytestmark = pytest.mark.django_db
 
@@ -173,3 +185,90 @@ def test_events_status_prints_totals_lanes_and_receivers() -> None:
     assert (data["owed"], data["scheduled"], data["dead"]) == (0, 1, 1)
     assert {r["key"] for r in data["receivers"]} == {"t.now", "t.later", "t.dead", "t.idle"}
     assert {lane["lane"] for lane in data["lanes"]} == {"default", "mail", "quiet"}
+
+
+# Schedules -------------------------------------------------------------------------
+
+
+def declare_schedules() -> datetime:
+    """Three schedules ticking every minute: one fired on time, one whose function raised
+    on its last tick, one paused; returns the time they were last fired at."""
+    base = aware(clock.now()).replace(second=0, microsecond=0)
+    raises_at = base - timedelta(minutes=1)
+
+    @recurring(every=timedelta(minutes=1), key="h.report")
+    def report(tick: datetime) -> ReportDue:
+        return ReportDue(tick=tick.isoformat())
+
+    @recurring(every=timedelta(minutes=1), key="h.flaky")
+    def flaky(tick: datetime) -> ReportDue:
+        if tick == raises_at:
+            raise RuntimeError("the report server is down")
+        return ReportDue(tick=tick.isoformat())
+
+    @recurring(cron="0 6 * * *", timezone="America/New_York", key="h.paused")
+    def paused(tick: datetime) -> ReportDue:
+        return ReportDue(tick=tick.isoformat())
+
+    fire_due_ticks(now=base - timedelta(minutes=2, seconds=30))
+    fire_due_ticks(now=base - timedelta(seconds=50))
+    pause_schedule("h.paused")
+    return base - timedelta(seconds=50)
+
+
+def test_health_lists_the_schedules_with_what_needs_an_operator() -> None:
+    last = declare_schedules()
+    by_key = {s.key: s for s in outbox_health().schedules}
+    assert set(by_key) == {"h.report", "h.flaky", "h.paused"}
+    assert not any(s.late for s in by_key.values())  # fired 50 s ago: on time
+    assert by_key["h.flaky"].failing and not by_key["h.report"].failing
+    assert by_key["h.paused"].paused
+    later = {s.key: s for s in outbox_health(now=last + timedelta(minutes=5)).schedules}
+    assert later["h.report"].late and later["h.flaky"].late  # no relay fired them since
+    assert not later["h.paused"].late  # a paused schedule is never late
+
+
+def test_events_status_prints_a_line_per_schedule_late_and_failing_ones_marked() -> None:
+    declare_schedules()
+    TickRecord.objects.filter(status=TickStatus.FIRED, schedule_key="h.report").delete()
+    # The cursor of h.report as a relay that stopped ten minutes ago left it.
+    ScheduleRecord.objects.filter(key="h.report").update(
+        next_tick_at=clock.now() - timedelta(minutes=10)
+    )
+    lines = [line for line in command("events_status").splitlines() if line.startswith("schedule")]
+    assert len(lines) == 3
+    (report,) = [line for line in lines if line.startswith("schedule h.report:")]
+    assert "last_fired=-" in report
+    assert "LATE by 10m: no relay is firing it" in report
+    (flaky,) = [line for line in lines if line.startswith("schedule h.flaky:")]
+    assert "FAILING since the tick of " in flaky
+    assert "RuntimeError: the report server is down" in flaky
+    (paused,) = [line for line in lines if line.startswith("schedule h.paused:")]
+    assert paused.endswith("next=- last_fired=- paused")
+    data = json.loads(command("events_status", "--format", "json"))
+    schedules = {s["key"]: s for s in data["schedules"]}
+    assert schedules["h.report"]["late"] is True
+    assert schedules["h.flaky"]["failing"] is True
+    assert "the report server is down" in schedules["h.flaky"]["failure"]
+    assert schedules["h.paused"]["paused"] is True
+
+
+def test_health_costs_two_more_queries_with_schedules_whatever_their_tick_rows() -> None:
+    declare_mix()
+    fire_one(OrderPlaced(order_id=1))
+    declare_schedules()
+    with CaptureQueriesContext(connection) as few:
+        outbox_health()
+    TickRecord.objects.bulk_create(
+        TickRecord(
+            schedule_key=key,
+            tick=clock.normalize(clock.now() - timedelta(hours=1, seconds=m)),
+            status=TickStatus.SKIPPED,
+            recorded_at=clock.now(),
+        )
+        for key in ("h.report", "h.flaky", "h.paused")
+        for m in range(1000)
+    )
+    with CaptureQueriesContext(connection) as many:
+        outbox_health()
+    assert len(few) == len(many) == 4 + 2

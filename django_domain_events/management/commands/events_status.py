@@ -6,11 +6,13 @@ import dataclasses
 import json
 from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.core.management.base import CommandParser
 
 from ... import clock
-from ...introspect import OutboxHealth, outbox_health
+from ...introspect import OutboxHealth, ScheduleStatus, outbox_health
+from ...recurrence import aware
 from ...tally import recount
 from ..base import OutboxCommand
 
@@ -25,8 +27,32 @@ def _age(oldest: datetime | None, now: datetime) -> str:
     return f"{seconds}s"
 
 
+def _schedule_line(status: ScheduleStatus, now: datetime) -> str:
+    """A schedule: its next and last fired tick in its zone, and what needs an operator."""
+    zone = ZoneInfo(status.timezone)
+
+    def shown(value: datetime | None) -> str:
+        return value.astimezone(zone).isoformat() if value is not None else "-"
+
+    upcoming = status.next_tick_at or (status.next_ticks[0] if status.next_ticks else None)
+    line = f"schedule {status.key}: next={shown(upcoming)} last_fired={shown(status.last_fired)}"
+    if status.paused:
+        line += " paused"
+    if not status.declared:
+        line += " not_declared"
+    if status.late and status.next_tick_at is not None:
+        line += f" LATE by {_age(status.next_tick_at, now)}: no relay is firing it"
+    if status.failing:
+        reason = status.failure.splitlines()[0] if status.failure else ""
+        line += f" FAILING since the tick of {shown(status.last_failed)}: {reason}"
+    return line
+
+
 class Command(OutboxCommand):
-    help = "Print the outbox's totals, a line per lane and a line per receiver."
+    help = (
+        "Print the outbox's totals, a line per lane, a line per receiver and a line per "
+        "@recurring schedule."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--format", choices=["text", "json"], default="text")
@@ -69,3 +95,5 @@ class Command(OutboxCommand):
                 f"receiver {row.key}: owed={row.owed} scheduled={row.scheduled} "
                 f"claimed={row.claimed} dead={row.dead} oldest={_age(row.oldest_owed_at, now)}"
             )
+        for status in health.schedules:
+            write(_schedule_line(status, aware(now)))
