@@ -278,6 +278,35 @@ def test_a_tick_older_than_the_tolerance_is_skipped_under_any_policy() -> None:
     assert (first, last) == (hours(11)[0], hours(12)[0])
 
 
+def test_a_changed_schedule_fires_no_tick_of_its_new_definition_from_before_the_change() -> None:
+    """Hourly until 11:30, then every minute with catch_up='all': the new definition's
+    ticks before 11:30 never came due, so neither fires nor is recorded skipped."""
+    key = hourly(catch_up="all")
+    assert fire_due_ticks(now=datetime(2026, 6, 1, 11, 0, 5, tzinfo=UTC)) == 1
+    schedules.remove(key)
+    every_minute(key=key, catch_up="all")
+    assert fire_due_ticks(now=datetime(2026, 6, 1, 11, 30, tzinfo=UTC)) == 0  # re-timed
+    assert fire_due_ticks(now=datetime(2026, 6, 1, 11, 31, 5, tzinfo=UTC)) == 1
+    assert fired_ticks(key) == hours(11) + [datetime(2026, 6, 1, 11, 31, tzinfo=UTC)]
+    assert skipped_runs(key) == []
+
+
+def test_a_schedule_changed_while_paused_records_only_its_new_ticks_skipped() -> None:
+    key = hourly()
+    pause_schedule(key, now=datetime(2026, 6, 1, 10, 40, tzinfo=UTC))
+    schedules.remove(key)
+    every_minute(key=key)
+    fire_due_ticks(now=datetime(2026, 6, 1, 11, 30, tzinfo=UTC))  # changed, still paused
+    assert fire_due_ticks(now=datetime(2026, 6, 1, 11, 40, tzinfo=UTC)) == 0
+    assert resume_schedule(key, now=datetime(2026, 6, 1, 11, 40, 30, tzinfo=UTC))
+    [(first, last, reason)] = skipped_runs(key)
+    assert (first, last) == (
+        datetime(2026, 6, 1, 11, 31, tzinfo=UTC),
+        datetime(2026, 6, 1, 11, 40, tzinfo=UTC),
+    )
+    assert "paused" in reason
+
+
 # Cron and daylight saving time ------------------------------------------------
 
 

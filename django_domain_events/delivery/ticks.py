@@ -110,20 +110,18 @@ def sync_schedules(now: datetime | None = None) -> int:
     written = len(missing)
     for s in declared:
         if s.key in known and known[s.key] != s.spec:
-            # A new definition takes effect from now, like a new schedule: no tick of it
-            # before now fires (the old one's missed ticks are not its). Paused stays paused.
-            written += (
-                ScheduleRecord.objects.using(alias)
-                .filter(key=s.key, spec=known[s.key], next_tick_at__isnull=False)
-                .update(
-                    spec=s.spec,
-                    last_tick_at=clock.normalize(moment),
-                    next_tick_at=clock.normalize(s.next_after(moment)),
-                )
+            # A new definition takes effect from now, as a new schedule would: its ticks
+            # before now never came due, so the cursor moves to now too (else the next
+            # look would fire or skip them). A paused one stays paused.
+            rows = ScheduleRecord.objects.using(alias).filter(key=s.key, spec=known[s.key])
+            written += rows.filter(next_tick_at__isnull=False).update(
+                spec=s.spec,
+                last_tick_at=clock.normalize(moment),
+                next_tick_at=clock.normalize(s.next_after(moment)),
             )
-            ScheduleRecord.objects.using(alias).filter(
-                key=s.key, spec=known[s.key], next_tick_at__isnull=True
-            ).update(spec=s.spec, last_tick_at=clock.normalize(moment))
+            rows.filter(next_tick_at__isnull=True).update(
+                spec=s.spec, last_tick_at=clock.normalize(moment)
+            )
             logger.info("Schedule %s changed to %s; it ticks on that from now.", s.key, s.spec)
     return written
 

@@ -7,6 +7,12 @@ it then waits for that file (``tests.procs.ready_then_go``); DDE_RECEIVERS=run_l
 declares only the run logger (tests.procs.receivers.log_run), DDE_RECEIVERS=with_failing
 adds an always failing receiver on the mail lane (declare_failing); DDE_SPANS_FILE, when
 set, turns contrib.opentelemetry on and writes the spans there as JSON lines.
+
+For the recurring schedules (tests.procs.recurring): DDE_RECEIVERS=report declares only
+the receiver of the tick events (declare_report_receiver); DDE_SCHEDULE=minutely declares
+the minutely schedule (declare_minutely, with its DDE_TICK_HOLD and DDE_TICK_LOG knobs);
+DDE_CLOCK_START, DDE_CLOCK_EPOCH, DDE_CLOCK_SPEED and DDE_CLOCK_END drive the package's
+clock (install_clock_from_env), so that several relays share one simulated time line.
 """
 
 from __future__ import annotations
@@ -26,16 +32,26 @@ from tests.procs.receivers import (  # noqa: E402
     declare_failing,
     declare_run_logger,
 )
+from tests.procs.recurring import (  # noqa: E402
+    declare_minutely,
+    declare_report_receiver,
+    install_clock_from_env,
+)
 
 if os.environ.get("DDE_SPANS_FILE"):
     from tests.procs.spans import export_spans_to
 
     export_spans_to(os.environ["DDE_SPANS_FILE"])
+install_clock_from_env()
 if os.environ.get("DDE_RECEIVERS") == "run_log":
     declare_run_logger()
+elif os.environ.get("DDE_RECEIVERS") == "report":
+    declare_report_receiver()
 else:
     declare_all()
 if os.environ.get("DDE_RECEIVERS") == "with_failing":
     declare_failing()
+if os.environ.get("DDE_SCHEDULE") == "minutely":
+    declare_minutely()
 ready_then_go()
 call_command("deliver_events", *sys.argv[1:])
