@@ -72,6 +72,7 @@ _EXPORTS: dict[str, str] = {
     "purge_dead": "operations",
     "pause_schedule": "operations",
     "resume_schedule": "operations",
+    "forget_schedule": "operations",
     # Introspection
     "outbox_health": "introspect",
     "OutboxHealth": "introspect",
@@ -164,6 +165,7 @@ if TYPE_CHECKING:
     from .operations import (
         cancel_deliveries,
         dead_letters,
+        forget_schedule,
         pause_schedule,
         purge_dead,
         replay_events,

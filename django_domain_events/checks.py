@@ -6,7 +6,9 @@ Each message names what is wrong and its hint says what to do.
 from __future__ import annotations
 
 import difflib
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.conf import settings as django_settings
 from django.core import checks
@@ -106,6 +108,33 @@ def check_declarations(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
                 )
             )
     return found
+
+
+@register(Tags.compatibility)
+def check_schedules_without_time_zones(
+    app_configs: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Schedules under ``USE_TZ = False`` in a zone whose clocks go back: W006."""
+    from .recurrence import schedules
+
+    if django_settings.USE_TZ or not schedules.keys():
+        return []
+    zone = ZoneInfo(django_settings.TIME_ZONE or "UTC")
+    year = datetime.now().year
+    winter, summer = datetime(year, 1, 1, tzinfo=zone), datetime(year, 7, 1, tzinfo=zone)
+    if winter.utcoffset() == summer.utcoffset():
+        return []
+    return [
+        checks.Warning(
+            f"@recurring schedules are declared under USE_TZ = False with TIME_ZONE = "
+            f"{django_settings.TIME_ZONE!r}, whose clocks go back once a year. Tick rows "
+            "store naive local time, so in the repeated hour a tick of the second pass has "
+            "the same time as one of the first and is not fired (a schedule ticking in that "
+            "hour, such as every 15 minutes, loses those ticks that night).",
+            hint="Set USE_TZ = True (Django's default), or keep the schedules out of that hour.",
+            id="django_domain_events.W006",
+        )
+    ]
 
 
 @register(Tags.compatibility)

@@ -383,6 +383,22 @@ def resume_schedule(key: str, *, now: datetime | None = None) -> bool:
         return True
 
 
+def forget_schedule(key: str) -> bool:
+    """Delete the cursor row of a schedule the code no longer declares; False if none.
+
+    Refused for a declared schedule: remove its ``@recurring`` and deploy first. Its tick
+    rows stay, as history, until the prune. Declared again later, the schedule starts
+    afresh, as a new one: none of the ticks in between fire.
+    """
+    if schedules.get(key) is not None:
+        raise ValueError(
+            f"Schedule {key!r} is still declared with @recurring; remove the declaration and "
+            "deploy it to every relay first (or pause it: pause_schedule)."
+        )
+    deleted, _ = ScheduleRecord.objects.using(database_alias()).filter(key=key).delete()
+    return bool(deleted)
+
+
 def _declared_schedule(key: str) -> Schedule:
     schedule = schedules.get(key)
     if schedule is None:

@@ -472,3 +472,17 @@ def test_an_idle_relay_sleeps_until_the_next_tick_not_a_second_at_a_time() -> No
     ticker.look()
     left = ticker.seconds_to_next()
     assert left is not None and left > 1.0  # the next tick is later today, not in a second
+
+
+def test_check_warns_about_schedules_under_use_tz_false_in_a_zone_whose_clocks_go_back() -> None:
+    from django.core.checks import run_checks
+    from django.test import override_settings
+
+    every_minute()
+    with override_settings(USE_TZ=False, TIME_ZONE="Europe/Paris"):
+        [warning] = [e for e in run_checks() if e.id == "django_domain_events.W006"]
+    assert "Set USE_TZ = True" in (warning.hint or "")
+    with override_settings(USE_TZ=False, TIME_ZONE="Asia/Tokyo"):
+        assert not [e for e in run_checks() if e.id == "django_domain_events.W006"]
+    with override_settings(USE_TZ=True, TIME_ZONE="Europe/Paris"):
+        assert not [e for e in run_checks() if e.id == "django_domain_events.W006"]

@@ -400,3 +400,21 @@ def test_prune_deletes_tick_rows_with_their_events_and_old_unfired_ones() -> Non
     assert fire_due_ticks(now=base + 50 * minute + timedelta(seconds=30)) == 0
     assert not TickRecord.objects.exists()
     assert fire_due_ticks(now=base + 51 * minute + timedelta(seconds=5)) == 2
+
+
+def test_forget_deletes_the_cursor_of_a_schedule_no_longer_declared_only() -> None:
+    key = minutely(key="ops.forgotten")
+    fire_due_ticks(now=T0)
+    fire_due_ticks(now=at(1, 5))
+    with pytest.raises(CommandError, match="still declared with @recurring"):
+        command("schedules", "--forget", key)
+    assert ScheduleRecord.objects.filter(key=key).exists()
+    schedules.remove(key)  # the declaration removed from the code and deployed
+    assert command("schedules", "--forget", key).startswith(f"Forgot {key}")
+    assert not ScheduleRecord.objects.filter(key=key).exists()
+    assert TickRecord.objects.filter(schedule_key=key).count() == 1  # history stays
+    assert "nothing to forget" in command("schedules", "--forget", key)
+    assert key not in [s.key for s in schedule_status(now=at(2))]
+    minutely(key="ops.forgotten")  # declared again: a new schedule, from now
+    assert fire_due_ticks(now=at(30, 5)) == 0
+    assert fire_due_ticks(now=at(31, 5)) == 1

@@ -1,4 +1,4 @@
-"""``manage.py schedules``: the ``@recurring`` schedules, their ticks; pause and resume."""
+"""``manage.py schedules``: the ``@recurring`` schedules, their ticks; pause, resume, forget."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from ... import clock
 from ...introspect import ScheduleStatus, schedule_status
-from ...operations import pause_schedule, resume_schedule
+from ...operations import forget_schedule, pause_schedule, resume_schedule
 from ...recurrence import aware
 from ..base import OutboxCommand
 
@@ -35,7 +35,7 @@ def _age(seconds: float) -> str:
 class Command(OutboxCommand):
     help = (
         "List the @recurring schedules: the last tick each fired, skipped and failed, and "
-        "its next three; or pause or resume one."
+        "its next three; or pause, resume or forget one."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -52,6 +52,12 @@ class Command(OutboxCommand):
             help="let a paused schedule fire from its next tick; the ticks of the pause are "
             "recorded skipped",
         )
+        change.add_argument(
+            "--forget",
+            metavar="KEY",
+            help="delete the cursor row of a schedule no longer declared (its tick rows stay "
+            "until pruned)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["format"] not in FORMATS:  # call_command(format=...) skips argparse
@@ -62,6 +68,8 @@ class Command(OutboxCommand):
             self._pause(options["pause"])
         elif options.get("resume"):
             self._resume(options["resume"])
+        elif options.get("forget"):
+            self._forget(options["forget"])
         elif options["format"] == "json":
             self._json(schedule_status())
         else:
@@ -78,6 +86,16 @@ class Command(OutboxCommand):
             self.stdout.write(f"Paused {key}.")
         else:
             self.stdout.write(f"{key} was already paused.")
+
+    def _forget(self, key: str) -> None:
+        try:
+            forgotten = forget_schedule(key)
+        except ValueError as error:
+            raise CommandError(f"{error} Nothing was deleted.") from None
+        if forgotten:
+            self.stdout.write(f"Forgot {key}: its cursor row is deleted; its tick rows stay.")
+        else:
+            self.stdout.write(f"No schedule row has the key {key!r}: nothing to forget.")
 
     def _resume(self, key: str) -> None:
         try:
