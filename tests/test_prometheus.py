@@ -315,3 +315,40 @@ def test_a_multiprocess_dir_that_is_no_directory_is_refused(flags, tmp_path, mon
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "missing"))
     with pytest.raises(CommandError, match="PROMETHEUS_MULTIPROC_DIR=.* is not a directory"):
         command("deliver_events", "--once", *flags)
+
+
+def test_each_declared_schedule_has_late_failing_paused_and_last_fired_gauges() -> None:
+    from datetime import UTC, datetime
+
+    from django_domain_events import fire_due_ticks, pause_schedule, recurring
+    from tests.app.events import ReportDue
+
+    @recurring(every=timedelta(minutes=1), key="t.minutely")
+    def minutely(tick: datetime) -> ReportDue:
+        return ReportDue(tick=tick.isoformat())
+
+    @recurring(every=timedelta(minutes=1), key="t.broken")
+    def broken(tick: datetime) -> ReportDue:
+        raise RuntimeError("no report today")
+
+    start = timezone.now().astimezone(UTC).replace(second=0, microsecond=0)
+    fire_due_ticks(now=start - timedelta(minutes=10, seconds=30))
+    fire_due_ticks(now=start - timedelta(minutes=9, seconds=50))  # one tick each; then nothing
+    pause_schedule("t.broken")
+    into = CollectorRegistry(auto_describe=True)
+    register(into)
+    got = samples(generate_latest(into).decode())
+
+    def value(name: str, key: str) -> float:
+        return got[f"domain_events_schedule_{name}", (("schedule", key),)]
+
+    assert value("late", "t.minutely") == 1  # nothing fired it for nine minutes
+    assert value("failing", "t.minutely") == 0 and value("paused", "t.minutely") == 0
+    fired = (start - timedelta(minutes=10)).timestamp()
+    assert value("last_fired_timestamp_seconds", "t.minutely") == fired
+    assert value("failing", "t.broken") == 1 and value("paused", "t.broken") == 1
+    assert value("late", "t.broken") == 0  # paused: never late
+    assert (
+        "domain_events_schedule_last_fired_timestamp_seconds",
+        (("schedule", "t.broken"),),
+    ) not in got

@@ -13,7 +13,9 @@ Two kinds:
 
   Every figure is read from the database, so any process reports the same numbers
   however many relays run: scrape one target. A scrape costs what ``outbox_health()``
-  costs: four queries, whatever the size of the history or the schedule.
+  costs: four queries, whatever the size of the history or the schedule (two more when
+  ``@recurring`` schedules are declared, each of which gets ``schedule_late``,
+  ``schedule_failing``, ``schedule_paused`` and ``schedule_last_fired_timestamp_seconds``).
 
 - Rates, counted in the process that delivers (``instrument()``, ``DeliveryMetrics``):
   deliveries by receiver, lane and outcome, and histograms of how long receivers ran
@@ -98,6 +100,15 @@ class OutboxCollector:
         families["lapsed_leases"].add_metric([], health.lapsed_leases)
         for lane in health.lanes:
             families["lane_paused_relays"].add_metric([lane.lane], len(lane.pauses))
+        for schedule in health.schedules:
+            if not schedule.declared:
+                continue
+            for name in ("late", "failing", "paused"):
+                families[f"schedule_{name}"].add_metric([schedule.key], getattr(schedule, name))
+            if schedule.last_fired is not None:
+                families["schedule_last_fired_timestamp_seconds"].add_metric(
+                    [schedule.key], schedule.last_fired.timestamp()
+                )
         yield from families.values()
 
 
@@ -129,8 +140,19 @@ def _families() -> dict[str, GaugeMetricFamily]:
         "Relays holding the lane back after RetryAfter(counts=False).",
         labels=["lane"],
     )
+    for name, text in _PER_SCHEDULE.items():
+        families[f"schedule_{name}"] = GaugeMetricFamily(
+            f"{PREFIX}_schedule_{name}", text, labels=["schedule"]
+        )
     return families
 
+
+_PER_SCHEDULE = {
+    "late": "1 when the @recurring schedule's next tick is overdue: no relay is firing it.",
+    "failing": "1 when the schedule's newest failed tick is newer than its newest fired one.",
+    "paused": "1 while the schedule is paused.",
+    "last_fired_timestamp_seconds": "When the schedule's newest fired tick was due (Unix time).",
+}
 
 _registered: dict[int, OutboxCollector] = {}
 
