@@ -5,15 +5,23 @@ database connection, so a slow receiver holds back only its own slot. The relay 
 no more rows for a lane than it has free slots, so no claimed row waits behind a slow
 one while its lease runs; each row's lease is renewed when it starts and kept alive
 while it runs, as in a relay that runs one row at a time.
+
+The workers are started from the relay's event loop (``loop.on_relay_loop``), through
+``sync_to_async``, so that an ``async def`` receiver's coroutine runs on that loop, beside
+the other slots', while its ORM calls come back to its worker's thread and transaction.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextvars
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from asgiref.sync import sync_to_async
 from django.db import connections
 
 from .. import clock
@@ -33,7 +41,11 @@ class Done:
 
 
 class LaneWorkers:
-    """``size`` threads running the claims of one lane, one claim each at a time."""
+    """``size`` threads running the claims of one lane, one claim each at a time.
+
+    Each thread runs one ``_work`` call for the relay's life, awaited on ``loop``: asgiref
+    then sends the ``async_to_sync`` calls made in that thread to ``loop``.
+    """
 
     def __init__(
         self,
@@ -42,6 +54,7 @@ class LaneWorkers:
         run: Callable[[Claim], Result],
         done: queue.Queue[Done],
         wake: threading.Event,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.lane = lane
         self.size = size
@@ -51,12 +64,18 @@ class LaneWorkers:
         self._todo: queue.Queue[Claim | None] = queue.Queue()
         self._lock = threading.Lock()
         self._busy = 0  # claims submitted and not yet done
-        self._threads = [
-            threading.Thread(target=self._work, name=f"relay {lane} #{n}", daemon=True)
-            for n in range(size)
+        # Each _work call holds its thread until close(), so size calls take size threads.
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=size, thread_name_prefix=f"relay {lane}"
+        )
+        work = sync_to_async(self._work, thread_sensitive=False, executor=self._threads)
+        # Each starts in an empty context, as a new thread does: under asgiref 3.8, copies
+        # of the relay thread's context would share the storage of asgiref's Locals, and a
+        # worker's receiver could send its ORM calls to another worker's thread.
+        self._workers = [
+            contextvars.Context().run(asyncio.run_coroutine_threadsafe, work(), loop)
+            for _ in range(size)
         ]
-        for thread in self._threads:
-            thread.start()
 
     @property
     def busy(self) -> int:
@@ -88,10 +107,10 @@ class LaneWorkers:
 
     def close(self) -> None:
         """Stop the threads once they finish what they run; each closes its connections."""
-        for _ in self._threads:
+        for _ in self._workers:
             self._todo.put(None)
-        for thread in self._threads:
-            thread.join()
+        concurrent.futures.wait(self._workers)
+        self._threads.shutdown()
 
     def _work(self) -> None:
         try:
@@ -115,11 +134,14 @@ class Pools:
     workers report; the workers only run rows.
     """
 
-    def __init__(self, lanes: Sequence[str], sizes: Mapping[str, int]) -> None:
+    def __init__(
+        self, lanes: Sequence[str], sizes: Mapping[str, int], loop: asyncio.AbstractEventLoop
+    ) -> None:
         self.done: queue.Queue[Done] = queue.Queue()
         self.wake = threading.Event()  # set when a worker finishes a row
         self.lanes = {
-            lane: LaneWorkers(lane, sizes[lane], self._run, self.done, self.wake) for lane in lanes
+            lane: LaneWorkers(lane, sizes[lane], self._run, self.done, self.wake, loop)
+            for lane in lanes
         }
 
     @staticmethod

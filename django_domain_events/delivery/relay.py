@@ -1,7 +1,8 @@
 """The relay: ``run_relay``, the loop behind ``manage.py deliver_events``.
 
 It repeats passes (``passes.run_pass``, or ``pool.Pools`` with concurrency), waiting
-between them on LISTEN/NOTIFY or the poll, for as long as it is let.
+between them on LISTEN/NOTIFY or the poll, for as long as it is let, beside the event
+loop its ``async def`` receivers share (``loop.on_relay_loop``).
 
 The relay rides out an outage (``outage.is_outage``): it waits, reconnects and hands
 back the rows it held. Any other error, and a configuration that cannot be loaded,
@@ -11,7 +12,9 @@ what it held uncharged: an error that waiting cannot fix must not spin.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -31,6 +34,7 @@ from ..declare import registry
 from ..models import DeliveryStatus, LanePauseRecord
 from ..retention import prune_events
 from .claim import database_alias, release
+from .loop import on_relay_loop
 from .outage import is_outage
 from .passes import (
     Counts,
@@ -159,7 +163,8 @@ def run_relay(
     calls ``prune`` (``prune_events`` unless given; ``None`` for none) at most every
     ``RELAY_PRUNE_SECONDS``, if ``RELAY_PRUNE``. ``concurrency`` (default
     ``CONCURRENCY``) runs up to that many rows of each lane at once, each on its own
-    connection; ``lane_concurrency`` sets it per lane. Raises ``RelayHalted`` on an error
+    connection; ``lane_concurrency`` sets it per lane. Its ``async def`` receivers and
+    hooks share one event loop, for the relay's life. Raises ``RelayHalted`` on an error
     that waiting cannot fix, ``ImproperlyConfigured`` or ``ValueError`` before starting.
     """
     lanes = check_relay_options(lane, batch_size, lane_batch_sizes)
@@ -187,8 +192,11 @@ def run_relay(
         opened = connections[alias].connection is None  # else it is the caller's: left open
         _log_start(state.worker_id, lanes, slots, alias, on_main_thread)
         try:
-            _loop(
-                state, lanes, slots, passes, batch_size, lane_batch_sizes or {}, limit, prune, once
+            sizes = lane_batch_sizes or {}
+            on_relay_loop(
+                functools.partial(
+                    _loop, state, lanes, slots, passes, batch_size, sizes, limit, prune, once
+                )
             )
         finally:
             if on_main_thread:
@@ -303,13 +311,16 @@ def _loop(
     limit: int | None,
     prune: Callable[[], object] | None,
     once: bool,
+    loop: asyncio.AbstractEventLoop,
 ) -> None:
+    """Pass after pass until stopped, in the relay's thread; ``loop`` is the relay's event
+    loop (``on_relay_loop``), on which its worker slots are awaited."""
     settings = conf.get()
     alias = database_alias()
     listener = Listener(alias) if wakes_by_notify(alias) else None
     if listener is not None:
         listener.listen()  # before the first claim: nothing fired after it is missed
-    pools = Pools(lanes, slots) if any(n > 1 for n in slots.values()) else None
+    pools = Pools(lanes, slots, loop) if any(n > 1 for n in slots.values()) else None
     ticker = Ticker()
     outage_pause = min(settings.POLL_SECONDS, 2.0)
     last_prune = last_activity = last_compact = float("-inf")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import tempfile
@@ -93,3 +94,59 @@ def declare_failing() -> None:
         backoff_base_seconds=0.05,
         backoff_cap_seconds=0.05,
     )(fail)
+
+
+class AsyncClient:
+    """A stand-in for a module-level async client (``httpx.AsyncClient``, a connection
+    pool): made on first use, it serves requests from a background task, behind an
+    ``asyncio.Lock``, both bound to the event loop it was made on. On a loop of its own per
+    call, the second call finds the background task gone with the first loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.lock = asyncio.Lock()
+        self.requests: asyncio.Queue[tuple[asyncio.Future[int], int]] = asyncio.Queue()
+        self.server = self.loop.create_task(self._serve())
+
+    async def _serve(self) -> None:
+        while True:
+            reply, value = await self.requests.get()
+            reply.set_result(value)
+
+    async def call(self, value: int) -> int:
+        async with self.lock:
+            reply = asyncio.get_running_loop().create_future()
+            await self.requests.put((reply, value))
+            return await asyncio.wait_for(reply, 1)
+
+
+_client: AsyncClient | None = None
+
+
+def shared_client() -> AsyncClient:
+    """The module-level client, made lazily on the first call, as applications do."""
+    global _client
+    if _client is None:
+        _client = AsyncClient()
+    return _client
+
+
+def forget_client() -> None:
+    global _client
+    _client = None
+
+
+ASYNC_RUN_LOG_KEY = "tests.log_run_async"
+
+
+async def log_run_async(evt: object, ctx: DeliveryContext) -> None:
+    """``log_run`` as an ``async def``: appends ``delivery_id loop_id`` to DDE_RUN_LOG, goes
+    through the shared client, then awaits DDE_SLOW_SECONDS."""
+    with open(os.environ["DDE_RUN_LOG"], "a") as log:
+        log.write(f"{ctx.delivery_id} {id(asyncio.get_running_loop())}\n")
+    assert await shared_client().call(ctx.delivery_id) == ctx.delivery_id
+    await asyncio.sleep(float(os.environ.get("DDE_SLOW_SECONDS", "0")))
+
+
+def declare_async_run_logger() -> None:
+    receiver(Pinged, key=ASYNC_RUN_LOG_KEY, takes_context=True)(log_run_async)
