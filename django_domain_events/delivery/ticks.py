@@ -325,9 +325,12 @@ class Ticker:
         self._next_tick = None
         if len(due) == DUE_BATCH:
             self._next_look = self._next_tick = looked  # more may be due: look again now
-        elif len(earliest) > len(due):
-            upcoming = (aware(earliest[len(due)][1]) - moment).total_seconds()
-            self._next_tick = looked + max(0.0, upcoming)
+            return fired
+        # The next tick known: the first schedule not due, or the next of one just fired.
+        upcoming = [aware(at) for _, at in earliest[len(due) :][:1]]
+        upcoming += [s.next_after(moment) for s in map(schedules.get, due) if s is not None]
+        if upcoming:
+            self._next_tick = looked + max(0.0, (min(upcoming) - moment).total_seconds())
             self._next_look = min(self._next_look, self._next_tick)
         return fired
 
