@@ -956,42 +956,39 @@ class ScheduleRecordAdmin(_ReadOnly, _ScheduleAdminBase):
     def pause_selected_schedules(
         self, request: HttpRequest, queryset: QuerySet[ScheduleRecord]
     ) -> None:
-        keys = sorted(queryset.order_by().values_list("key", flat=True))
-        try:
-            with transaction.atomic(using=database_alias()):
-                paused = [key for key in keys if pause_schedule(key)]
-        except ValueError as exc:
-            self.message_user(request, f"Nothing was paused: {exc}", messages.ERROR)
-            return
-        already = [key for key in keys if key not in paused]
-        if not paused:
-            text = _keys_text(already, "was already paused", "were already paused")
-            self.message_user(request, f"Nothing was paused: {text}.", messages.WARNING)
-            return
-        text = f"Paused {', '.join(paused)}"
-        if already:
-            text += f"; {_keys_text(already, 'was already paused', 'were already paused')}"
-        self.message_user(request, text + ".", messages.SUCCESS)
+        self._change(request, queryset, pause_schedule, "Paused", "paused", "already paused")
 
     @admin.action(description="Resume selected schedules", permissions=["change"])
     def resume_selected_schedules(
         self, request: HttpRequest, queryset: QuerySet[ScheduleRecord]
     ) -> None:
+        self._change(request, queryset, resume_schedule, "Resumed", "resumed", "not paused")
+
+    def _change(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[ScheduleRecord],
+        change: Callable[[str], bool],
+        done: str,
+        verb: str,
+        unchanged: str,
+    ) -> None:
+        """Pause or resume the selected schedules all together, or none: an undeclared
+        one among them refuses the lot, saying which."""
         keys = sorted(queryset.order_by().values_list("key", flat=True))
         try:
             with transaction.atomic(using=database_alias()):
-                resumed = [key for key in keys if resume_schedule(key)]
+                changed = [key for key in keys if change(key)]
         except ValueError as exc:
-            self.message_user(request, f"Nothing was resumed: {exc}", messages.ERROR)
+            self.message_user(request, f"Nothing was {verb}: {exc}", messages.ERROR)
             return
-        running = [key for key in keys if key not in resumed]
-        if not resumed:
-            text = _keys_text(running, "was not paused", "were not paused")
-            self.message_user(request, f"Nothing was resumed: {text}.", messages.WARNING)
+        left = _keys_text(
+            [key for key in keys if key not in changed], f"was {unchanged}", f"were {unchanged}"
+        )
+        if not changed:
+            self.message_user(request, f"Nothing was {verb}: {left}.", messages.WARNING)
             return
-        text = f"Resumed {', '.join(resumed)}"
-        if running:
-            text += f"; {_keys_text(running, 'was not paused', 'were not paused')}"
+        text = f"{done} {', '.join(changed)}" + (f"; {left}" if len(changed) < len(keys) else "")
         self.message_user(request, text + ".", messages.SUCCESS)
 
 
