@@ -1,10 +1,13 @@
-"""The base of the package's commands: output that may be piped into ``head``."""
+"""The base of the package's commands: output that may be piped into ``head``, and the
+way they print an age and a time."""
 
 from __future__ import annotations
 
 import os
 import sys
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.core.management.base import BaseCommand
 
@@ -29,3 +32,19 @@ class OutboxCommand(BaseCommand):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(CLOSED_PIPE_EXIT)
         return output
+
+
+def age(oldest: datetime | None, now: datetime) -> str:
+    """How long ago ``oldest`` was, in its largest whole unit (``3h``); ``-`` for None."""
+    if oldest is None:
+        return "-"
+    seconds = max(0, int((now - oldest).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def shown_in(value: datetime | None, zone: ZoneInfo) -> str:
+    """``value`` in ISO 8601 in ``zone`` (a schedule's times as its users read them)."""
+    return value.astimezone(zone).isoformat() if value is not None else "-"

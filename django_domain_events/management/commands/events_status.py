@@ -14,17 +14,7 @@ from ... import clock
 from ...introspect import OutboxHealth, ScheduleStatus, outbox_health
 from ...recurrence import aware
 from ...tally import recount
-from ..base import OutboxCommand
-
-
-def _age(oldest: datetime | None, now: datetime) -> str:
-    if oldest is None:
-        return "-"
-    seconds = max(0, int((now - oldest).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+from ..base import OutboxCommand, age, shown_in
 
 
 def _schedule_line(status: ScheduleStatus, now: datetime) -> str:
@@ -32,7 +22,7 @@ def _schedule_line(status: ScheduleStatus, now: datetime) -> str:
     zone = ZoneInfo(status.timezone)
 
     def shown(value: datetime | None) -> str:
-        return value.astimezone(zone).isoformat() if value is not None else "-"
+        return shown_in(value, zone)
 
     upcoming = status.next_tick_at or (status.next_ticks[0] if status.next_ticks else None)
     line = f"schedule {status.key}: next={shown(upcoming)} last_fired={shown(status.last_fired)}"
@@ -41,7 +31,7 @@ def _schedule_line(status: ScheduleStatus, now: datetime) -> str:
     if not status.declared:
         line += " not_declared"
     if status.late and status.next_tick_at is not None:
-        line += f" LATE by {_age(status.next_tick_at, now)}: no relay is firing it"
+        line += f" LATE by {age(status.next_tick_at, now)}: no relay is firing it"
     if status.failing:
         reason = status.failure.splitlines()[0] if status.failure else ""
         line += f" FAILING since the tick of {shown(status.last_failed)}: {reason}"
@@ -79,7 +69,7 @@ class Command(OutboxCommand):
         write(
             f"owed={health.owed} scheduled={health.scheduled} claimed={health.claimed} "
             f"dead={health.dead} lapsed_leases={health.lapsed_leases} "
-            f"oldest={_age(health.oldest_owed_at, now)}"
+            f"oldest={age(health.oldest_owed_at, now)}"
         )
         for lane in health.lanes:
             paused = (
@@ -87,13 +77,13 @@ class Command(OutboxCommand):
             )
             write(
                 f"lane {lane.lane}: owed={lane.owed} scheduled={lane.scheduled} "
-                f"claimed={lane.claimed} dead={lane.dead} oldest={_age(lane.oldest_owed_at, now)}"
+                f"claimed={lane.claimed} dead={lane.dead} oldest={age(lane.oldest_owed_at, now)}"
                 f"{paused}"
             )
         for row in health.receivers:
             write(
                 f"receiver {row.key}: owed={row.owed} scheduled={row.scheduled} "
-                f"claimed={row.claimed} dead={row.dead} oldest={_age(row.oldest_owed_at, now)}"
+                f"claimed={row.claimed} dead={row.dead} oldest={age(row.oldest_owed_at, now)}"
             )
         for status in health.schedules:
             write(_schedule_line(status, aware(now)))

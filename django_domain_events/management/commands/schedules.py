@@ -14,22 +14,9 @@ from ... import clock
 from ...introspect import ScheduleStatus, schedule_status
 from ...operations import forget_schedule, pause_schedule, resume_schedule
 from ...recurrence import aware
-from ..base import OutboxCommand
+from ..base import OutboxCommand, age, shown_in
 
 FORMATS = ("text", "json")
-
-
-def _zone_of(status: ScheduleStatus) -> ZoneInfo:
-    """The zone a schedule's times are shown in: its own for cron, UTC for an interval."""
-    return ZoneInfo(status.timezone)
-
-
-def _age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 class Command(OutboxCommand):
@@ -106,8 +93,8 @@ class Command(OutboxCommand):
             self.stdout.write(f"{key} was not paused.")
             return
         (status,) = [s for s in schedule_status() if s.key == key]
-        zone = _zone_of(status)
-        text = f"Resumed {key}; its next tick is {_shown(status.next_tick_at, zone)}"
+        zone = ZoneInfo(status.timezone)
+        text = f"Resumed {key}; its next tick is {shown_in(status.next_tick_at, zone)}"
         if status.skip_reason.startswith("the schedule was paused") and status.last_skipped:
             text += f"; the ticks of the pause ({_run(status, zone)}) were recorded skipped"
         self.stdout.write(text + ".")
@@ -117,7 +104,7 @@ class Command(OutboxCommand):
     def _json(self, found: tuple[ScheduleStatus, ...]) -> None:
         rows = []
         for status in found:
-            zone = _zone_of(status)
+            zone = ZoneInfo(status.timezone)
             rows.append(
                 {name: _in_zone(value, zone) for name, value in dataclasses.asdict(status).items()}
             )
@@ -132,16 +119,16 @@ class Command(OutboxCommand):
         self.stdout.write("\n\n".join(blocks))
 
     def _block(self, status: ScheduleStatus, now: datetime) -> str:
-        zone = _zone_of(status)
+        zone = ZoneInfo(status.timezone)
         head = status.key
         if not status.declared:
             head += " (not declared: no relay fires it; declare it again, or delete its rows)"
         lines = [head, f"  spec: {status.spec}", f"  catch-up: {status.catch_up or '-'}"]
         if status.paused:
-            lines.append(f"  paused: since {_shown(status.paused_at, zone)}")
+            lines.append(f"  paused: since {shown_in(status.paused_at, zone)}")
         else:
             lines.append("  paused: no")
-        fired = _shown(status.last_fired, zone)
+        fired = shown_in(status.last_fired, zone)
         if status.last_event_id is not None:
             fired += f" (event #{status.last_event_id})"
         lines.append(f"  last fired: {fired}")
@@ -149,18 +136,18 @@ class Command(OutboxCommand):
         if status.skip_reason:
             skipped += f" ({status.skip_reason})"
         lines.append(f"  last skipped: {skipped}")
-        failed = _shown(status.last_failed, zone)
+        failed = shown_in(status.last_failed, zone)
         if status.failure:
             failed += f": {status.failure}"
         lines.append(f"  last failed: {failed}")
         if status.next_ticks:
-            lines.append(f"  next: {', '.join(_shown(t, zone) for t in status.next_ticks)}")
+            lines.append(f"  next: {', '.join(shown_in(t, zone) for t in status.next_ticks)}")
         else:
             lines.append(f"  next: - ({'paused' if status.paused else 'not declared'})")
         if status.late and status.next_tick_at is not None:
-            overdue = _age((now - status.next_tick_at).total_seconds())
+            overdue = age(status.next_tick_at, now)
             lines.append(
-                f"  LATE: the tick of {_shown(status.next_tick_at, zone)} is {overdue} overdue: "
+                f"  LATE: the tick of {shown_in(status.next_tick_at, zone)} is {overdue} overdue: "
                 "no relay is firing it"
             )
         if status.failing:
@@ -168,16 +155,12 @@ class Command(OutboxCommand):
         return "\n".join(lines)
 
 
-def _shown(value: datetime | None, zone: ZoneInfo) -> str:
-    return value.astimezone(zone).isoformat() if value is not None else "-"
-
-
 def _run(status: ScheduleStatus, zone: ZoneInfo) -> str:
     """The last run of skipped ticks: one tick, or ``FIRST to LAST``."""
-    last = _shown(status.last_skipped, zone)
+    last = shown_in(status.last_skipped, zone)
     if status.skipped_from is None or status.skipped_from == status.last_skipped:
         return last
-    return f"{_shown(status.skipped_from, zone)} to {last}"
+    return f"{shown_in(status.skipped_from, zone)} to {last}"
 
 
 def _in_zone(value: Any, zone: ZoneInfo) -> Any:
