@@ -486,3 +486,44 @@ def test_check_warns_about_schedules_under_use_tz_false_in_a_zone_whose_clocks_g
         assert not [e for e in run_checks() if e.id == "django_domain_events.W006"]
     with override_settings(USE_TZ=True, TIME_ZONE="Europe/Paris"):
         assert not [e for e in run_checks() if e.id == "django_domain_events.W006"]
+
+
+# Races, forced: another relay or an operator acts between the read and the move ------
+
+
+def test_a_relay_that_loses_the_cursor_to_another_between_read_and_move_fires_nothing() -> None:
+    from tests.support import just_before
+
+    key = every_minute()
+    fire_due_ticks(now=T0)
+    later = T0 + timedelta(minutes=1)
+    other: list[int] = []
+    with just_before("UPDATE", ScheduleRecord, lambda: other.append(fire_due_ticks(now=later))):
+        assert fire_due_ticks(now=later) == 0  # the other relay moved the cursor first
+    assert other == [1]
+    assert fired_ticks(key) == [datetime(2026, 6, 1, 12, 1, tzinfo=UTC)]
+    assert EventRecord.objects.count() == 1
+
+
+def test_a_pause_between_a_relays_read_and_its_move_wins() -> None:
+    from tests.support import just_before
+
+    key = every_minute()
+    fire_due_ticks(now=T0)
+    later = T0 + timedelta(minutes=1)
+    with just_before("UPDATE", ScheduleRecord, lambda: pause_schedule(key, now=later)):
+        assert fire_due_ticks(now=later) == 0
+    assert fired_ticks(key) == []
+    assert ScheduleRecord.objects.get(key=key).paused_at is not None
+    assert fire_due_ticks(now=later + timedelta(minutes=5)) == 0  # still paused
+
+
+def test_cron_without_the_cron_extra_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cronsim", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"django-domain-outbox\[cron\]"):
+        recurring(cron="0 6 * * *")
+    assert schedules.get("tests.build") is None
