@@ -109,9 +109,17 @@ def relay_listening() -> bool:
         return bool(cursor.fetchone()[0])
 
 
+TEST_DB = os.environ.get("DDE_TEST_DB", "sqlite").strip().lower() or "sqlite"
+
 needs_postgresql = pytest.mark.skipif(
-    os.environ.get("DDE_TEST_DB", "sqlite") not in ("postgres", "postgresql"),
-    reason="needs real concurrency: runs on PostgreSQL",
+    TEST_DB not in ("postgres", "postgresql"),
+    reason="needs PostgreSQL itself (LISTEN/NOTIFY, pg_stat_activity, its server)",
+)
+
+# Say what a process test really needs, so it runs on every database that has it.
+needs_several_relays = pytest.mark.skipif(
+    TEST_DB == "sqlite",
+    reason="needs several relays, or several rows at once, on one database: not SQLite",
 )
 
 

@@ -74,6 +74,7 @@ def deliver_one(
     if (claimed_by is None) != (claimed_at is None):
         raise TypeError("deliver_one() takes claimed_by and claimed_at together, or neither.")
     worker = worker_id or default_worker_id()
+    clock.keep_synchronised(database_alias())  # the lease it stamps is by the database's clock
     now = clock.now()
     if claimed_by is not None and claimed_at is not None:
         claim = take_over(

@@ -28,7 +28,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 
-from .. import conf, tally
+from .. import clock, conf, tally
 from ..codec import get_codec
 from ..declare import registry
 from ..models import DeliveryStatus, LanePauseRecord
@@ -52,6 +52,7 @@ from .wake import Listener, wakes_by_notify
 logger = logging.getLogger("django_domain_events.relay")
 
 TALLY_COMPACT_SECONDS = 60.0  # how often a relay folds the scheduled tally's deltas
+CLOCK_CHECK_SECONDS = 60.0  # how often a relay measures its clock against the database's
 MAX_CONCURRENCY = 256  # rows one relay runs at once per lane, each on its own connection
 
 
@@ -323,7 +324,7 @@ def _loop(
     pools = Pools(lanes, slots, loop) if any(n > 1 for n in slots.values()) else None
     ticker = Ticker()
     outage_pause = min(settings.POLL_SECONDS, 2.0)
-    last_prune = last_activity = last_compact = float("-inf")
+    last_prune = last_activity = last_compact = last_clock = float("-inf")
     done = 0
     was_busy = False
     try:
@@ -331,6 +332,9 @@ def _loop(
             if limit is not None and state.claimed >= limit:
                 break
             try:
+                if time.monotonic() - last_clock >= CLOCK_CHECK_SECONDS:
+                    _synchronise(state, alias, first=last_clock == float("-inf"))
+                    last_clock = time.monotonic()
                 _hand_back(state)
                 if pools is not None:
                     pools.wake.clear()
@@ -396,6 +400,27 @@ def _loop(
             listener.close()
 
 
+def _synchronise(state: Pass, alias: str, *, first: bool) -> None:
+    """Follow the database's clock (``clock.synchronise``). Before the first pass a clock
+    that cannot be read stops the relay; later the last offset measured stays."""
+    try:
+        reading = clock.synchronise(alias)
+    except clock.ClockUnknown as error:
+        if first:
+            raise
+        logger.warning("%s; keeping the offset measured before.", error)
+        return
+    if abs(reading.offset) >= 1.0:
+        logger.warning(
+            "Relay %s: this host's clock is %.1fs %s the database's; leases and ticks are "
+            "judged by the database's clock. Keep the hosts' clocks synchronised (NTP).",
+            state.worker_id,
+            abs(reading.offset),
+            "behind" if reading.offset > 0 else "ahead of",
+            extra={"worker_id": state.worker_id, "clock_offset": reading.offset},
+        )
+
+
 def _hand_back(state: Pass) -> None:
     """After an outage, hand back the rows of the batch the relay was running, so they
     run at once, uncharged; raises while the database is still away."""
@@ -416,7 +441,9 @@ def _halt(state: Pass, error: Exception) -> None:
     """Stop the relay on an error that waiting cannot fix, saying what to do."""
     with contextlib.suppress(Exception):
         release(state.in_hand)
-    if isinstance(error, ImproperlyConfigured):
+    if isinstance(error, clock.ClockUnknown):
+        advice = ""
+    elif isinstance(error, ImproperlyConfigured):
         advice = "Fix the setting, then start the relay again."
     elif isinstance(error, DatabaseError):
         advice = (
@@ -429,10 +456,10 @@ def _halt(state: Pass, error: Exception) -> None:
     message = (
         f"Relay {state.worker_id} stopped: {type(error).__name__}: {error}. {advice} The rows "
         "it held were handed back uncharged."
-    )
+    ).replace(".  ", ". ")
     logger.error(
         message,
-        exc_info=not isinstance(error, ImproperlyConfigured | DatabaseError),
+        exc_info=not isinstance(error, ImproperlyConfigured | DatabaseError | clock.ClockUnknown),
         extra={"worker_id": state.worker_id},
     )
     raise RelayHalted(message) from error

@@ -40,6 +40,17 @@ from tests.procs.recurring import (  # noqa: E402
     install_clock_from_env,
 )
 
+if os.environ.get("DDE_CLOCK_AHEAD"):
+    # This host's clock runs ahead by that many seconds: the clock every part of the
+    # package reads (tests/test_clock_processes.py).
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    _real_now = timezone.now
+    _ahead = timedelta(seconds=float(os.environ["DDE_CLOCK_AHEAD"]))
+    timezone.now = lambda: _real_now() + _ahead
+
 if os.environ.get("DDE_SPANS_FILE"):
     from tests.procs.spans import export_spans_to
 
