@@ -7,7 +7,9 @@ that needs more names the extra that brings it.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
+from pathlib import Path
 
 import pytest
 from django.db import connections
@@ -27,6 +29,7 @@ def block(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
         ("django_domain_events.contrib.prometheus", ["prometheus_client"], "prometheus"),
         ("django_domain_events.contrib.celery", ["celery"], "celery"),
         ("django_domain_events.contrib.django_tasks", ["django.tasks", "django_tasks"], "tasks"),
+        ("django_domain_events.contrib.opentelemetry", ["opentelemetry"], "opentelemetry"),
     ],
 )
 def test_a_contrib_module_without_its_extra_names_the_extra(
@@ -36,8 +39,27 @@ def test_a_contrib_module_without_its_extra_names_the_extra(
     # Forget the module if an earlier test imported it; monkeypatch puts it back.
     if module in sys.modules:
         monkeypatch.delitem(sys.modules, module)
-    with pytest.raises(ImportError, match=rf"pip install django-domain-outbox\[{extra}\]"):
+    with pytest.raises(ImportError, match=rf"pip install '?django-domain-outbox\[{extra}\]"):
         importlib.import_module(module)
+
+
+def test_no_page_or_message_installs_the_other_project() -> None:
+    """``django-domain-events`` on PyPI is another project that overwrites this one: no
+    docs page, message or README may tell anyone to install it."""
+    root = Path(__file__).resolve().parent.parent
+    sources = [
+        root / "README.md",
+        *root.glob("docs/**/*.md"),
+        *root.glob("django_domain_events/**/*.py"),
+    ]
+    wrong = re.compile(r"django-domain-events\[|(?<!un)install\s+['\"]?django-domain-events\b")
+    found = [
+        f"{path.relative_to(root)}:{n}"
+        for path in sources
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if wrong.search(line)
+    ]
+    assert not found, found
 
 
 def test_the_wake_check_needs_no_psycopg_without_a_postgresql_database(

@@ -75,6 +75,30 @@ def test_fire_stores_the_trace_context_and_the_relay_span_is_its_child() -> None
     assert span.status.status_code is trace.StatusCode.UNSET
 
 
+def test_the_callers_baggage_is_neither_stored_nor_replayed_at_an_attempt() -> None:
+    """Only ``traceparent`` and ``tracestate`` go on the row: baggage may carry a user's
+    data, and an attempt must not run under a request's baggage days later."""
+    from opentelemetry import baggage, context
+
+    seen: list[dict[str, object]] = []
+    receiver(OrderPlaced, key="t.baggage")(lambda evt: seen.append(dict(baggage.get_all())))
+    token = context.attach(baggage.set_baggage("user.email", "someone@example.com"))
+    try:
+        request, event_id = fire_in_a_request(OrderPlaced(order_id=1))
+    finally:
+        context.detach(token)
+    stored = json.loads(EventRecord.objects.get(pk=event_id).trace_context)
+    assert set(stored) <= {"traceparent", "tracestate"}, stored
+    # A row stored before this rule, baggage and all, replays none of it.
+    EventRecord.objects.filter(pk=event_id).update(
+        trace_context=json.dumps({**stored, "baggage": "user.email=someone%40example.com"})
+    )
+    drain_outbox()
+    assert seen == [{}]
+    [span] = deliveries()
+    assert span.context.trace_id == request.trace_id
+
+
 def test_a_failure_is_recorded_on_its_span_and_not_yet_is_not() -> None:
     def fails(evt: OrderPlaced) -> None:
         raise ConnectionError("down")

@@ -27,10 +27,17 @@ from django_domain_events.contrib.prometheus import (  # noqa: E402
     multiprocess_registry,
     register,
 )
+from django_domain_events.contrib import prometheus  # noqa: E402
 from tests.app.events import OrderPlaced  # noqa: E402
 from tests.support import command, failing, fire_one  # noqa: E402
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def fresh_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every scrape in these tests reads the database, unless a test says otherwise."""
+    monkeypatch.setattr(prometheus, "SCRAPE_CACHE_SECONDS", 0.0)
 
 
 def declare() -> None:
@@ -82,6 +89,24 @@ def test_registering_reads_nothing_from_the_database(django_assert_num_queries) 
         register(CollectorRegistry(auto_describe=True))
     with django_assert_num_queries(4):
         list(OutboxCollector().collect())
+
+
+def test_a_scrape_storm_reads_the_database_once_per_cache_period(
+    rf, monkeypatch: pytest.MonkeyPatch, django_assert_num_queries
+) -> None:
+    declare()
+    fire_one(OrderPlaced(order_id=1))
+    monkeypatch.setattr(prometheus, "SCRAPE_CACHE_SECONDS", 60.0)
+    list(OutboxCollector().collect())  # a collector of its own reads for itself
+    with django_assert_num_queries(4):  # one read, then 49 answers from it
+        for _ in range(50):
+            response = metrics_view(rf.get("/metrics"))
+    assert (
+        samples(response.content.decode())[
+            "domain_events_owed", (("lane", "default"), ("receiver", "t.now"))
+        ]
+        == 1
+    )
 
 
 def test_the_view_serves_text_and_openmetrics(rf) -> None:

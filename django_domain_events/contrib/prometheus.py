@@ -12,10 +12,13 @@ Two kinds:
       register()                                              # or: into the default registry
 
   Every figure is read from the database, so any process reports the same numbers
-  however many relays run: scrape one target. A scrape costs what ``outbox_health()``
+  however many relays run: scrape one target. A read costs what ``outbox_health()``
   costs: four queries, whatever the size of the history or the schedule (two more when
   ``@recurring`` schedules are declared, each of which gets ``schedule_late``,
   ``schedule_failing``, ``schedule_paused`` and ``schedule_last_fired_timestamp_seconds``).
+  A collector reads at most once every ``SCRAPE_CACHE_SECONDS`` and one scrape at a
+  time; the scrapes in between are answered from that read, so a scrape storm costs the
+  database no more than one scraper does.
 
 - Rates, counted in the process that delivers (``instrument()``, ``DeliveryMetrics``):
   deliveries by receiver, lane and outcome, and histograms of how long receivers ran
@@ -33,6 +36,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from wsgiref.simple_server import WSGIServer
@@ -56,9 +60,10 @@ from django.http import HttpRequest, HttpResponse
 
 from .. import clock, signals
 from ..declare import registry
-from ..introspect import outbox_health
+from ..introspect import OutboxHealth, outbox_health
 
 PREFIX = "domain_events"
+SCRAPE_CACHE_SECONDS = 5.0  # a collector reads the database at most this often
 LABELS = ["receiver", "lane"]
 
 _PER_RECEIVER = {
@@ -71,7 +76,16 @@ _PER_RECEIVER = {
 
 
 class OutboxCollector:
-    """A collector that turns one ``outbox_health()`` call into gauges, per receiver and lane."""
+    """A collector that turns one ``outbox_health()`` call into gauges, per receiver and lane.
+
+    The read is kept for ``SCRAPE_CACHE_SECONDS`` and made by one scrape at a time: the
+    others wait for it and answer from it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._health: OutboxHealth | None = None
+        self._read_at = float("-inf")  # time.monotonic() of the read kept
 
     def describe(self) -> list[Metric]:
         """The metric names without their samples, so registering never touches the database."""
@@ -84,8 +98,7 @@ class OutboxCollector:
         prometheus_client's HTTP server collect in a new thread per scrape, whose
         connection nobody else would close.
         """
-        with _closing_what_it_opens():
-            health = outbox_health()
+        health = self._read()
         now = clock.now()
         families = _families()
         for backlog in health.receivers:
@@ -110,6 +123,14 @@ class OutboxCollector:
                     [schedule.key], schedule.last_fired.timestamp()
                 )
         yield from families.values()
+
+    def _read(self) -> OutboxHealth:
+        with self._lock:
+            if self._health is None or time.monotonic() - self._read_at >= SCRAPE_CACHE_SECONDS:
+                with _closing_what_it_opens():
+                    self._health = outbox_health()
+                self._read_at = time.monotonic()
+            return self._health
 
 
 @contextlib.contextmanager
@@ -348,9 +369,12 @@ def multiprocess_registry() -> CollectorRegistry:
     return into
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> WSGIServer:
+def serve(port: int, addr: str = "127.0.0.1") -> WSGIServer:
     """Instrument this process and serve its metrics over HTTP on ``addr:port``, from a
     daemon thread, until the process exits: any path answers, ``/metrics`` included.
+
+    Loopback unless ``addr`` says otherwise: the server has no authentication, and the
+    metrics name every receiver, lane and schedule.
 
     Served: the delivery metrics and the outbox gauges, plus prometheus_client's own
     process metrics; in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``), the delivery

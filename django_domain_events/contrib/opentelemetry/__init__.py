@@ -37,7 +37,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "django_domain_events.contrib.opentelemetry needs opentelemetry-api: "
-        "pip install 'django-domain-events[opentelemetry]'"
+        "pip install 'django-domain-outbox[opentelemetry]'"
     ) from exc
 
 from ... import tracing
@@ -45,6 +45,9 @@ from ...delivery.outcomes import DeliveryContext, NotYet
 
 SYSTEM = "django_domain_events"
 MAX_STORED = 512  # the column's width: a tracestate that does not fit is left out
+# What the event row keeps of the caller's context: where the trace is, never its
+# baggage (a user's data, which every attempt would otherwise replay, days later).
+STORED_KEYS = ("traceparent", "tracestate")
 
 
 def install() -> None:
@@ -53,12 +56,13 @@ def install() -> None:
 
 
 def current_trace_context() -> str:
-    """The caller's trace context as stored on the event row: JSON of the propagation
-    headers, or ``""`` when no span is current."""
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    if "traceparent" not in carrier:
+    """The caller's trace context as stored on the event row: JSON of its W3C
+    ``traceparent`` and ``tracestate``, or ``""`` when no span is current."""
+    injected: dict[str, str] = {}
+    propagate.inject(injected)
+    if "traceparent" not in injected:
         return ""
+    carrier = {key: injected[key] for key in STORED_KEYS if key in injected}
     stored = json.dumps(carrier, separators=(",", ":"), sort_keys=True)
     if len(stored) > MAX_STORED:
         stored = json.dumps({"traceparent": carrier["traceparent"]}, separators=(",", ":"))
@@ -106,4 +110,6 @@ def _carrier(stored: str) -> dict[str, str]:
         carrier = json.loads(stored)
     except ValueError:
         return {}
-    return {str(k): str(v) for k, v in carrier.items()} if isinstance(carrier, dict) else {}
+    if not isinstance(carrier, dict):
+        return {}
+    return {key: str(carrier[key]) for key in STORED_KEYS if key in carrier}

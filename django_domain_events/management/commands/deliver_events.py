@@ -106,8 +106,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--metrics-addr",
             metavar="ADDR",
-            help="With --metrics-port: the address to bind (default 0.0.0.0, every "
-            "interface; 127.0.0.1 for this host only).",
+            help="With --metrics-port: the address to bind (default 127.0.0.1, this host "
+            "only; 0.0.0.0 listens on every interface, unauthenticated: see docs/relay.md).",
         )
         parser.add_argument(
             "--record-metrics",
@@ -143,7 +143,7 @@ class Command(BaseCommand):
         if level is not None:
             logging.getLogger("django_domain_events").setLevel(level)
         if port is not None or options["record_metrics"]:
-            _start_metrics(port, options["metrics_addr"] or "0.0.0.0")
+            _start_metrics(port, options["metrics_addr"] or "127.0.0.1")
         try:
             counts = run_relay(
                 worker_id=options["worker_id"],
