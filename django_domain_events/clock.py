@@ -14,6 +14,7 @@ runs on this host, so the offset is nil.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -108,10 +109,8 @@ def keep_synchronised(alias: str) -> None:
     enough keeps the offset it had."""
     if time.monotonic() - _measured_at < KEEP_SECONDS:
         return
-    try:
+    with contextlib.suppress(ClockUnknown):
         synchronise(alias)
-    except ClockUnknown:
-        pass
 
 
 def normalize(value: datetime) -> datetime:

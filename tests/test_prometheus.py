@@ -19,6 +19,7 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from django_domain_events.contrib import prometheus  # noqa: E402
 from django_domain_events.contrib.prometheus import (  # noqa: E402
     DeliveryMetrics,
     OutboxCollector,
@@ -27,7 +28,6 @@ from django_domain_events.contrib.prometheus import (  # noqa: E402
     multiprocess_registry,
     register,
 )
-from django_domain_events.contrib import prometheus  # noqa: E402
 from tests.app.events import OrderPlaced  # noqa: E402
 from tests.support import command, failing, fire_one  # noqa: E402
 
