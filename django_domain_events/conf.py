@@ -42,6 +42,7 @@ class Settings:
     AROUND_DELIVERY: str | None = None
     MESSAGE_TTL_SECONDS: float | None = None
     DEAD_LETTER_TTL_SECONDS: float | None = None
+    SHUTDOWN_TIMEOUT_SECONDS: float | None = None
 
 
 KEYS = tuple(f.name for f in fields(Settings))
@@ -57,7 +58,11 @@ _POSITIVE_NUMBERS = (
     "RELAY_PRUNE_SECONDS",
 )
 _POSITIVE_INTS = ("BATCH_SIZE", "CONCURRENCY", "PRUNE_BATCH_ROWS")
-_OPTIONAL_POSITIVE_NUMBERS = ("MESSAGE_TTL_SECONDS", "DEAD_LETTER_TTL_SECONDS")
+_OPTIONAL_POSITIVE_NUMBERS = (
+    "MESSAGE_TTL_SECONDS",
+    "DEAD_LETTER_TTL_SECONDS",
+    "SHUTDOWN_TIMEOUT_SECONDS",
+)
 _BOOLS = ("WARN_OUTSIDE_ATOMIC", "RELAY_PRUNE")
 _DOTTED_PATHS = ("CODEC",)
 _OPTIONAL_DOTTED_PATHS = ("AROUND_DELIVERY",)
@@ -89,7 +94,7 @@ def problems(raw: object) -> list[str]:
         value = raw.get(key)
         if value is not None and (not _is_number(value) or value <= 0):
             found.append(
-                f"{SETTINGS_NAME}[{key!r}] must be None (no lifetime) or a positive number "
+                f"{SETTINGS_NAME}[{key!r}] must be None (no limit) or a positive number "
                 f"of seconds, not {value!r}."
             )
     for key in _BOOLS:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .. import clock, conf
 from ..declare import RegisteredReceiver, registry
@@ -76,6 +78,43 @@ def renew(alias: str, claim: Claim, lease: timedelta) -> Claim | None:
     if not compare_and_set(alias, claim, {"lease_expires_at": until, "available_at": until}):
         return None
     return replace(claim, lease_expires_at=until)
+
+
+def heartbeat_timeout() -> float:
+    """How long the heartbeat waits on the database, in seconds: a third of the lease (a
+    beat), within 2 to 30."""
+    return min(30.0, max(2.0, conf.get().LEASE_SECONDS / 3))
+
+
+def bounded_connection(alias: str, seconds: float) -> BaseDatabaseWrapper:
+    """A new connection to ``alias`` whose connect and statements give up after
+    ``seconds``: client-side timeouts, so a socket that no longer answers fails too."""
+    connection = connections.create_connection(alias)
+    settings = dict(connection.settings_dict)
+    options = dict(settings.get("OPTIONS") or {})
+    options.pop("pool", None)  # one connection of its own, outside any pool
+    whole = max(1, math.ceil(seconds))
+    if connection.vendor == "postgresql":
+        options.setdefault("connect_timeout", max(2, whole))
+        options.setdefault("tcp_user_timeout", int(seconds * 1000))  # unacknowledged sends
+        options.setdefault("keepalives", 1)
+        options.setdefault("keepalives_idle", whole)
+        options.setdefault("keepalives_interval", 1)
+        options.setdefault("keepalives_count", 1)
+    elif connection.vendor == "mysql":
+        options.setdefault("connect_timeout", whole)
+        options.setdefault("read_timeout", whole)
+        options.setdefault("write_timeout", whole)
+    settings["OPTIONS"] = options
+    settings["CONN_MAX_AGE"] = None  # the heartbeat closes it when idle
+    return type(connection)(settings, alias)
+
+
+def _statement_timeout(connection: BaseDatabaseWrapper, seconds: float) -> None:
+    """Bound each statement on the server too: a renewal that waits on a lock gives up."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET statement_timeout = %s", [int(seconds * 1000)])
 
 
 @contextlib.contextmanager
@@ -170,8 +209,9 @@ class _Heartbeat:
             self.drop(token)
             return
         try:
+            self._connect(entry.alias)
             held = renew(entry.alias, entry.claim, entry.lease)
-        except Exception as error:  # an outage: try again at the next beat
+        except Exception as error:  # an outage, a timeout: try again at the next beat
             logger.warning(
                 "Could not renew the lease of delivery %s (%s); trying again.",
                 entry.claim.id,
@@ -188,6 +228,21 @@ class _Heartbeat:
                 return
             entry.claim = held
             entry.renew_at = now + entry.lease.total_seconds() / 3
+
+    @staticmethod
+    def _connect(alias: str) -> None:
+        """Give this thread a bounded connection to ``alias`` (``bounded_connection``)."""
+        current = connections[alias]
+        if current.connection is not None and getattr(current, "_dde_bounded", False):
+            return
+        seconds = heartbeat_timeout()
+        bounded = bounded_connection(alias, seconds)
+        bounded._dde_bounded = True  # type: ignore[attr-defined]
+        connections[alias] = bounded
+        with contextlib.suppress(Exception):
+            current.close()
+        bounded.ensure_connection()
+        _statement_timeout(bounded, seconds)
 
 
 _heartbeat = _Heartbeat()

@@ -16,18 +16,24 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
-from django.db import connections
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, close_old_connections, connections
 
 from .. import clock
-from .claim import Claim, claim_batch, release
+from .claim import Claim, claim_batch, database_alias, release
 from .lease import lane_lease
+from .outage import is_outage
 from .passes import Pass, Result, batch_size_of, run_one
+
+logger = logging.getLogger("django_domain_events.relay")
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ class LaneWorkers:
         self._todo: queue.Queue[Claim | None] = queue.Queue()
         self._lock = threading.Lock()
         self._busy = 0  # claims submitted and not yet done
+        self._running: dict[int, Claim] = {}  # by delivery id: the claims workers run now
         # Each _work call holds its thread until close(), so size calls take size threads.
         self._threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=size, thread_name_prefix=f"relay {lane}"
@@ -105,16 +112,28 @@ class LaneWorkers:
             self._busy -= len(taken)
         return taken
 
-    def close(self) -> None:
-        """Stop the threads once they finish what they run; each closes its connections."""
+    def running(self) -> list[Claim]:
+        """The claims a worker is running right now."""
+        with self._lock:
+            return list(self._running.values())
+
+    def close(self, *, wait: bool = True) -> None:
+        """Stop the threads once they finish what they run; each closes its connections.
+        Without ``wait``, threads still running a row are left to finish it."""
         for _ in self._workers:
             self._todo.put(None)
-        concurrent.futures.wait(self._workers)
-        self._threads.shutdown()
+        if wait:
+            concurrent.futures.wait(self._workers)
+        self._threads.shutdown(wait=wait)
 
     def _work(self) -> None:
         try:
             while (claim := self._todo.get()) is not None:
+                # As Django's request cycle does: a connection past CONN_MAX_AGE, or one
+                # that broke (CONN_HEALTH_CHECKS), is closed and the row opens a new one.
+                close_old_connections()
+                with self._lock:
+                    self._running[claim.id] = claim
                 try:
                     done = Done(self.lane, claim, result=self._run(claim))
                 except BaseException as error:  # for the relay to judge: outage or halt
@@ -122,6 +141,7 @@ class LaneWorkers:
                 self._done.put(done)
                 with self._lock:
                     self._busy -= 1
+                    self._running.pop(claim.id, None)
                 self._wake.set()
         finally:
             connections.close_all()
@@ -135,8 +155,13 @@ class Pools:
     """
 
     def __init__(
-        self, lanes: Sequence[str], sizes: Mapping[str, int], loop: asyncio.AbstractEventLoop
+        self,
+        lanes: Sequence[str],
+        sizes: Mapping[str, int],
+        loop: asyncio.AbstractEventLoop,
+        shutdown_timeout: float | None = None,
     ) -> None:
+        self.shutdown_timeout = shutdown_timeout  # how long a drain waits; None: for ever
         self.done: queue.Queue[Done] = queue.Queue()
         self.wake = threading.Event()  # set when a worker finishes a row
         self.lanes = {
@@ -181,11 +206,12 @@ class Pools:
 
     def collect(self, state: Pass) -> None:
         """Count the rows the workers finished; raise what escaped one, once the others
-        are done, leaving every row not settled in ``state.in_hand`` to hand back."""
+        are done, leaving every row not settled in ``state.in_hand`` to hand back. Every
+        error that escaped a worker is logged, not only the one raised."""
         errors: list[BaseException] = []
         for done in self._finished():
             if done.error is not None:
-                errors.append(done.error)
+                errors.append(_report(done))
                 state.in_hand.append(done.claim)
             elif done.result is not None and (pause := state.note(done.claim, *done.result)):
                 state.pause(done.lane, pause)
@@ -194,24 +220,41 @@ class Pools:
             self.drain(state)
             raise errors[0]
 
-    def drain(self, state: Pass) -> None:
-        """Hand back the rows no worker started, and wait for the rows being run."""
+    def drain(self, state: Pass) -> list[Claim]:
+        """Hand back the rows no worker started, and wait for the rows being run, for
+        ``shutdown_timeout`` at most; returns the claims still running then."""
         for workers in self.lanes.values():
             give_back(state, workers.take_back())
-        while self.busy():
+        timeout = self.shutdown_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.busy() and (deadline is None or time.monotonic() < deadline):
             self.wake.wait(0.1)
             self.wake.clear()
         for done in self._finished():
             if done.error is not None:
+                _report(done)
                 state.in_hand.append(done.claim)
             elif done.result is not None:
                 state.note(done.claim, *done.result)
+        return [claim for workers in self.lanes.values() for claim in workers.running()]
 
-    def close(self, state: Pass) -> None:
-        """Finish the rows being run, hand back the rest, and end the threads."""
-        self.drain(state)
+    def close(self, state: Pass, worker_id: str = "") -> None:
+        """Finish the rows being run, hand back the rest, and end the threads; rows still
+        running after ``shutdown_timeout`` are left to their threads, and said."""
+        left = self.drain(state)
+        if left:
+            logger.error(
+                "Relay %s gave up waiting for %s rows at its shutdown timeout (%ss): "
+                "%s. They keep their claim until their lease lapses, then another relay "
+                "takes them over, counting the attempt.",
+                worker_id,
+                len(left),
+                self.shutdown_timeout,
+                ", ".join(f"delivery {c.id} to {c.receiver_key}" for c in left),
+                extra={"worker_id": worker_id, "delivery_ids": [c.id for c in left]},
+            )
         for workers in self.lanes.values():
-            workers.close()
+            workers.close(wait=not left)
 
     def _finished(self) -> list[Done]:
         found = []
@@ -220,6 +263,23 @@ class Pools:
                 found.append(self.done.get_nowait())
             except queue.Empty:
                 return found
+
+
+def _report(done: Done) -> BaseException:
+    """Log what escaped a worker, naming its row; returns the error."""
+    error = done.error
+    assert error is not None
+    logger.log(
+        logging.WARNING if is_outage(error, database_alias()) else logging.ERROR,
+        "A relay worker stopped on delivery %s to %s: %s: %s. The row is handed back uncharged.",
+        done.claim.id,
+        done.claim.receiver_key,
+        type(error).__name__,
+        error,
+        exc_info=None if isinstance(error, DatabaseError | ImproperlyConfigured) else error,
+        extra={"delivery_id": done.claim.id, "receiver": done.claim.receiver_key},
+    )
+    return error
 
 
 def give_back(state: Pass, claims: list[Claim]) -> None:

@@ -73,11 +73,18 @@ def relay_worker_id() -> str:
 
 
 class _Signals:
-    """SIGTERM/SIGINT: the first finishes the delivery in hand, the second exits at once."""
+    """SIGTERM/SIGINT: the first finishes the delivery in hand, the second exits at once.
 
-    def __init__(self) -> None:
+    With a shutdown timeout, the first also starts a watchdog: a relay still not stopped
+    when it runs out (a receiver that hangs) exits the process, leaving the rows it runs
+    to lapse and be taken over like a dead relay's.
+    """
+
+    def __init__(self, worker_id: str = "", shutdown_timeout: float | None = None) -> None:
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
+        self._worker_id = worker_id
+        self._timeout = shutdown_timeout
 
     def install(self) -> bool:
         if threading.current_thread() is not threading.main_thread():
@@ -91,6 +98,24 @@ class _Signals:
             os._exit(128 + signum)
         self.received = signum
         logger.info("Signal %s: finishing the delivery in hand, then stopping.", signum)
+        if self._timeout is not None:
+            # A second more than the drain waits, so that a relay running rows at once
+            # names the rows it leaves before the watchdog ends it.
+            watchdog = threading.Timer(self._timeout + 1.0, self._expire)
+            watchdog.daemon = True
+            watchdog.start()
+
+    def _expire(self) -> None:
+        logger.error(
+            "Relay %s did not stop within its shutdown timeout (%ss): exiting now. The "
+            "rows it was running keep their claim until their lease lapses, then another "
+            "relay takes them over, counting the attempt.",
+            self._worker_id,
+            self._timeout,
+            extra={"worker_id": self._worker_id},
+        )
+        logging.shutdown()  # flush the handlers: os._exit skips them
+        os._exit(1)
 
     def restore(self) -> None:
         for signum, handler in self._previous.items():
@@ -154,6 +179,7 @@ def run_relay(
     once: bool = False,
     concurrency: int | None = None,
     lane_concurrency: Mapping[str, int] | None = None,
+    shutdown_timeout: float | None = None,
 ) -> Counts:
     """Deliver owed rows until stopped: the loop behind ``manage.py deliver_events``.
 
@@ -165,7 +191,10 @@ def run_relay(
     ``RELAY_PRUNE_SECONDS``, if ``RELAY_PRUNE``. ``concurrency`` (default
     ``CONCURRENCY``) runs up to that many rows of each lane at once, each on its own
     connection; ``lane_concurrency`` sets it per lane. Its ``async def`` receivers and
-    hooks share one event loop, for the relay's life. Raises ``RelayHalted`` on an error
+    hooks share one event loop, for the relay's life. ``shutdown_timeout`` (default
+    ``SHUTDOWN_TIMEOUT_SECONDS``; None waits for ever) bounds how long a stop waits for
+    the rows being run: then the relay returns (or, stopped by a signal, exits the
+    process), and those rows lapse to another relay. Raises ``RelayHalted`` on an error
     that waiting cannot fix, ``ImproperlyConfigured`` or ``ValueError`` before starting.
     """
     lanes = check_relay_options(lane, batch_size, lane_batch_sizes)
@@ -177,7 +206,9 @@ def run_relay(
             "the concurrency, or move to PostgreSQL or MariaDB to run several at once."
         )
     check_configuration(lanes)
-    signals = _Signals()
+    timeout = check_shutdown_timeout(shutdown_timeout)
+    worker = worker_id or relay_worker_id()
+    signals = _Signals(worker, timeout)
     with _one_relay_on_sqlite(alias):
         on_main_thread = signals.install()
         stop_event = stop if isinstance(stop, threading.Event) else None
@@ -189,14 +220,24 @@ def run_relay(
                 return stop_event.is_set()
             return bool(stop()) if callable(stop) else False
 
-        state = Pass(worker_id or relay_worker_id(), None, False, relay=True, stop=stopping)
+        state = Pass(worker, None, False, relay=True, stop=stopping)
         opened = connections[alias].connection is None  # else it is the caller's: left open
         _log_start(state.worker_id, lanes, slots, alias, on_main_thread)
         try:
             sizes = lane_batch_sizes or {}
             on_relay_loop(
                 functools.partial(
-                    _loop, state, lanes, slots, passes, batch_size, sizes, limit, prune, once
+                    _loop,
+                    state,
+                    lanes,
+                    slots,
+                    passes,
+                    batch_size,
+                    sizes,
+                    limit,
+                    prune,
+                    once,
+                    timeout,
                 )
             )
         finally:
@@ -215,6 +256,18 @@ def run_relay(
             extra={"worker_id": state.worker_id, "lanes": lanes, "concurrency": dict(slots)},
         )
         return state.counts
+
+
+def check_shutdown_timeout(seconds: float | None) -> float | None:
+    """The stop's bound in seconds (``SHUTDOWN_TIMEOUT_SECONDS`` when not given), or None;
+    refuses a value that is not a positive number."""
+    if seconds is None:
+        return conf.get().SHUTDOWN_TIMEOUT_SECONDS
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise ValueError(
+            f"the shutdown timeout must be a positive number of seconds, not {seconds!r}."
+        )
+    return float(seconds)
 
 
 def lane_slots(
@@ -312,6 +365,7 @@ def _loop(
     limit: int | None,
     prune: Callable[[], object] | None,
     once: bool,
+    shutdown_timeout: float | None,
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     """Pass after pass until stopped, in the relay's thread; ``loop`` is the relay's event
@@ -321,7 +375,8 @@ def _loop(
     listener = Listener(alias) if wakes_by_notify(alias) else None
     if listener is not None:
         listener.listen()  # before the first claim: nothing fired after it is missed
-    pools = Pools(lanes, slots, loop) if any(n > 1 for n in slots.values()) else None
+    several = any(n > 1 for n in slots.values())
+    pools = Pools(lanes, slots, loop, shutdown_timeout) if several else None
     ticker = Ticker()
     outage_pause = min(settings.POLL_SECONDS, 2.0)
     last_prune = last_activity = last_compact = last_clock = float("-inf")
@@ -393,7 +448,7 @@ def _loop(
                 last_activity = time.monotonic()
     finally:
         if pools is not None:
-            pools.close(state)  # finish the rows being run, hand back the rest
+            pools.close(state, state.worker_id)  # finish the rows being run, hand back the rest
             with contextlib.suppress(Exception):
                 _hand_back(state)
         if listener is not None:

@@ -12,6 +12,7 @@ from ...delivery.relay import (
     DeliveryStatus,
     RelayHalted,
     check_relay_options,
+    check_shutdown_timeout,
     lane_slots,
     run_relay,
 )
@@ -98,6 +99,13 @@ class Command(BaseCommand):
             help="LANE=N: this lane's concurrency (repeatable).",
         )
         parser.add_argument(
+            "--shutdown-timeout",
+            type=float,
+            metavar="SECONDS",
+            help="On SIGTERM/SIGINT, wait at most this long for the rows being run, then "
+            "exit (default SHUTDOWN_TIMEOUT_SECONDS; none: wait for them).",
+        )
+        parser.add_argument(
             "--metrics-port",
             metavar="PORT",
             help="Serve Prometheus metrics on this port while the relay runs: delivery "
@@ -134,6 +142,7 @@ class Command(BaseCommand):
         try:
             served = check_relay_options(lanes, options["batch_size"], sizes)
             lane_slots(served, options["concurrency"], concurrency)
+            check_shutdown_timeout(options["shutdown_timeout"])
         except ValueError as error:
             raise CommandError(str(error)) from error
         port = _metrics_port(options["metrics_port"])
@@ -155,6 +164,7 @@ class Command(BaseCommand):
                 limit=limit,
                 concurrency=options["concurrency"],
                 lane_concurrency=concurrency,
+                shutdown_timeout=options["shutdown_timeout"],
             )
         except (RelayHalted, ImproperlyConfigured, ValueError) as error:
             raise CommandError(str(error)) from error
