@@ -58,11 +58,7 @@ _POSITIVE_NUMBERS = (
     "RELAY_PRUNE_SECONDS",
 )
 _POSITIVE_INTS = ("BATCH_SIZE", "CONCURRENCY", "PRUNE_BATCH_ROWS")
-_OPTIONAL_POSITIVE_NUMBERS = (
-    "MESSAGE_TTL_SECONDS",
-    "DEAD_LETTER_TTL_SECONDS",
-    "SHUTDOWN_TIMEOUT_SECONDS",
-)
+_OPTIONAL_POSITIVE_NUMBERS = ("MESSAGE_TTL_SECONDS", "DEAD_LETTER_TTL_SECONDS")
 _BOOLS = ("WARN_OUTSIDE_ATOMIC", "RELAY_PRUNE")
 _DOTTED_PATHS = ("CODEC",)
 _OPTIONAL_DOTTED_PATHS = ("AROUND_DELIVERY",)
@@ -94,9 +90,15 @@ def problems(raw: object) -> list[str]:
         value = raw.get(key)
         if value is not None and (not _is_number(value) or value <= 0):
             found.append(
-                f"{SETTINGS_NAME}[{key!r}] must be None (no limit) or a positive number "
+                f"{SETTINGS_NAME}[{key!r}] must be None (no lifetime) or a positive number "
                 f"of seconds, not {value!r}."
             )
+    shutdown = raw.get("SHUTDOWN_TIMEOUT_SECONDS")
+    if shutdown is not None and (not _is_number(shutdown) or shutdown <= 0):
+        found.append(
+            f"{SETTINGS_NAME}['SHUTDOWN_TIMEOUT_SECONDS'] must be None (wait for the rows "
+            f"being run) or a positive number of seconds, not {shutdown!r}."
+        )
     for key in _BOOLS:
         value = raw.get(key, True)
         if not isinstance(value, bool):

@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from django.conf import settings
 from django.utils import timezone as django_timezone
 
+from . import clock
 from .declare import default_key, dotted_name, registry
 
 CatchUp = Literal["latest", "all", "none"]
@@ -79,8 +80,10 @@ class Schedule:
 
     def build(self, tick: datetime) -> Any:
         """The event of ``tick`` (a UTC instant), built by the declared function, which is
-        given the tick in the schedule's zone."""
-        return self.func(tick.astimezone(self.zone))
+        given the tick in the schedule's zone; an ``every=`` tick follows ``USE_TZ``
+        (naive local time under ``False``), so the function can store it."""
+        handed = tick.astimezone(self.zone)
+        return self.func(clock.normalize(handed) if self.every is not None else handed)
 
     def next_after(self, moment: datetime) -> datetime:
         """The first tick strictly after ``moment``, as an aware UTC datetime."""

@@ -202,7 +202,7 @@ def declare_schedules() -> datetime:
 
     @recurring(every=timedelta(minutes=1), key="h.flaky")
     def flaky(tick: datetime) -> ReportDue:
-        if tick == raises_at:
+        if aware(tick) == raises_at:  # naive local time under USE_TZ = False
             raise RuntimeError("the report server is down")
         return ReportDue(tick=tick.isoformat())
 

@@ -8,9 +8,11 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from django_domain_events import DeliveryStatus, clock, fire_due_ticks, recurring, run_relay
 from django_domain_events.models import ScheduleRecord, TickRecord, TickStatus
@@ -169,3 +171,21 @@ def test_an_idle_relay_polling_every_30s_fires_an_every_second_schedule_on_time(
     assert not relay.is_alive()
     assert first < 3.0, first
     assert three < 6.0, three
+
+
+def test_an_every_tick_follows_use_tz_so_the_function_can_store_it() -> None:
+    """Under ``USE_TZ = False`` the tick is naive local time, as every datetime the
+    package hands out; an aware one cannot be stored there (SQLite refuses it)."""
+    got: list[datetime] = []
+
+    @recurring(every=timedelta(minutes=1), key="tests.stores_tick")
+    def build(tick: datetime) -> ReportDue:
+        connection.ops.adapt_datetimefield_value(tick)  # what storing it does first
+        got.append(tick)
+        return ReportDue(tick=tick.isoformat())
+
+    fire_due_ticks(now=T - timedelta(minutes=2))
+    fire_due_ticks(now=T)
+    assert [aware(t) for t in got] == [datetime(2026, 6, 1, 12, 0, tzinfo=UTC)]
+    assert all(clock.normalize(t) == t for t in got)
+    assert all(timezone.is_aware(t) == settings.USE_TZ for t in got)
