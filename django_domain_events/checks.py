@@ -71,6 +71,29 @@ def check_wake(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
 
 
 @register(Tags.compatibility)
+def check_concurrency(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``CONCURRENCY`` above 1 on SQLite: the relay would refuse to start."""
+    raw = getattr(django_settings, conf.SETTINGS_NAME, {})
+    if conf.problems(raw) or conf.get().CONCURRENCY == 1:
+        return []
+    from .models import database_alias
+
+    alias = database_alias()
+    if connections[alias].vendor != "sqlite":
+        return []
+    return [
+        Error(
+            f"CONCURRENCY is {conf.get().CONCURRENCY}, but the outbox's database "
+            f"({alias!r}) is SQLite, which has a single writer: a relay on it runs one "
+            "delivery at a time, and refuses to start with more.",
+            hint="Set DJANGO_DOMAIN_EVENTS['CONCURRENCY'] to 1, or move the outbox to "
+            "PostgreSQL or MariaDB.",
+            id="django_domain_events.E008",
+        )
+    ]
+
+
+@register(Tags.compatibility)
 def check_declarations(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Receivers of classes that are not events; a codec that cannot rebuild an event."""
     found: list[CheckMessage] = []

@@ -469,3 +469,40 @@ def test_a_sync_on_commit_receiver_returning_an_awaitable_is_logged(
     receiver(OrderPlaced, key="t.coro-commit", mode=ON_COMMIT)(lambda evt: _work())
     fire_one(OrderPlaced(order_id=1))
     assert "returned an awaitable" in caplog.text
+
+
+def test_check_reports_a_concurrency_sqlite_cannot_run() -> None:
+    """The relay refuses CONCURRENCY > 1 on SQLite; ``manage.py check`` says so first."""
+    from django.core import checks
+
+    with override_settings(DJANGO_DOMAIN_EVENTS={"CONCURRENCY": 4}):
+        found = [m for m in checks.run_checks() if m.id == "django_domain_events.E008"]
+    if connection.vendor == "sqlite":
+        assert len(found) == 1 and "CONCURRENCY" in found[0].msg, found
+    else:
+        assert found == []
+
+
+@pytest.mark.parametrize(
+    "command_args",
+    [["deliver_events", "--once"], ["prune_events"]],
+)
+def test_a_broken_setting_under_skip_checks_is_one_clear_line(command_args: list[str]) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, child_env
+
+    env = {**child_env(), "DDE_SETTINGS_JSON": json.dumps({"LEASE_SECONDS": -1})}
+    done = subprocess.run(
+        [sys.executable, "-m", "django", *command_args, "--skip-checks"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "LEASE_SECONDS" in lines[0], done.stderr

@@ -1,5 +1,5 @@
-"""The base of the package's commands: output that may be piped into ``head``, and the
-way they print an age and a time."""
+"""The base of the package's commands: output that may be piped into ``head``, a broken
+setting said in one line, and the way they print an age and a time."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.core.management.base import BaseCommand
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
 
 #: What a shell reports for a writer its reader left: killed by SIGPIPE (128 + 13).
 CLOSED_PIPE_EXIT = 141
@@ -20,13 +21,17 @@ class OutboxCommand(BaseCommand):
 
     Python turns the closed pipe into a ``BrokenPipeError`` at the next write or at the
     final flush; the command then ends quietly with the conventional status instead of
-    a traceback, as a command-line tool killed by SIGPIPE would.
+    a traceback, as a command-line tool killed by SIGPIPE would. A setting that cannot be
+    used (``ImproperlyConfigured``, met under ``--skip-checks``) is one ``CommandError``
+    line, as ``manage.py check`` would have said it.
     """
 
     def execute(self, *args: Any, **options: Any) -> Any:
         try:
             output = super().execute(*args, **options)
             self.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        except ImproperlyConfigured as error:
+            raise CommandError(str(error)) from error
         except BrokenPipeError:
             # Nothing more can reach the reader; keep the exit flush from failing again.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from ...delivery.relay import (
     DeliveryStatus,
@@ -16,6 +16,7 @@ from ...delivery.relay import (
     lane_slots,
     run_relay,
 )
+from ..base import OutboxCommand
 
 # -v 2 shows the relay's INFO lines (start, stop, hand-backs), -v 3 its DEBUG lines too.
 _LOG_LEVELS = {2: logging.INFO, 3: logging.DEBUG}
@@ -63,7 +64,7 @@ def _start_metrics(port: int | None, addr: str) -> None:
         ) from error
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     help = "Deliver owed events: the relay. Runs until SIGTERM/SIGINT unless --once or --passes."
 
     def add_arguments(self, parser: CommandParser) -> None:
