@@ -25,7 +25,7 @@ from django_domain_events.delivery.claim import claim_batch
 from django_domain_events.models import DeliveryRecord, EventRecord
 from django_domain_events.testing import drain_outbox
 from tests.app.events import OrderPlaced, Pinged
-from tests.conftest import needs_postgresql, start_child
+from tests.conftest import start_child
 from tests.procs.receivers import declare_recorder
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -154,7 +154,6 @@ def _now() -> Any:
     return timezone.now()
 
 
-@needs_postgresql
 def test_a_relay_process_delivers_in_the_trace_of_the_request() -> None:
     declare_recorder()
     request, event_id = fire_in_a_request(OrderPlaced(order_id=7))

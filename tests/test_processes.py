@@ -9,10 +9,10 @@ from django_domain_events import DeliveryStatus, fire
 from django_domain_events.models import DeliveryRecord
 from tests.app.events import OrderPlaced
 from tests.app.models import Delivered
-from tests.conftest import needs_postgresql, start_together
+from tests.conftest import needs_several_relays, start_together
 from tests.procs.receivers import RECORDER_KEY, declare_recorder
 
-pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql]
+pytestmark = [pytest.mark.django_db(transaction=True), needs_several_relays]
 
 
 def test_two_processes_drain_2000_rows_each_exactly_once() -> None:

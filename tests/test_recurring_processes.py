@@ -33,7 +33,7 @@ from django_domain_events.models import (
 )
 from django_domain_events.recurrence import aware
 from tests.app.models import Delivered
-from tests.conftest import needs_postgresql, start_child, start_together, wait_for
+from tests.conftest import needs_several_relays, start_child, start_together, wait_for
 from tests.procs.recurring import (
     MINUTELY_KEY,
     REPORT_KEY,
@@ -159,7 +159,7 @@ def chaos(fleet: Fleet, rng: random.Random, until: float, restarts: dict[int, fl
         time.sleep(0.02)
 
 
-@needs_postgresql
+@needs_several_relays
 def test_four_relays_fire_each_tick_of_a_day_once_through_kills_and_restarts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

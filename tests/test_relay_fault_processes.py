@@ -1,4 +1,4 @@
-"""Relay faults that need real processes or a real server on PostgreSQL (issue 10).
+"""Relay faults that need real processes (issue 10); a listener's need PostgreSQL.
 
 Runs are counted in a file the receiver appends to outside any transaction, so a run
 whose outcome was later lost still counts: "exactly once" here means executed once,
@@ -19,10 +19,10 @@ from django_domain_events import DeliveryStatus, fire, notify_relay
 from django_domain_events.delivery.wake import Listener
 from django_domain_events.models import DeliveryRecord
 from tests.app.events import Pinged
-from tests.conftest import needs_postgresql, start_child, wait_for
+from tests.conftest import needs_postgresql, needs_several_relays, start_child, wait_for
 from tests.procs.receivers import RUN_LOG_KEY, declare_run_logger, run_log_relay_env
 
-pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def finish(process: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
@@ -30,6 +30,7 @@ def finish(process: subprocess.Popen[str], timeout: float = 30) -> tuple[int, st
     return process.returncode, out + err
 
 
+@needs_several_relays
 def test_d1_two_relays_with_a_short_lease_run_every_row_of_a_long_batch_once() -> None:
     """LEASE_SECONDS=1, one batch of 6 rows that each run 0.6 s (3.6 s in all): the rows
     lapse while they wait their turn, the second relay takes them over, and the first
@@ -56,7 +57,7 @@ def test_d1_two_relays_with_a_short_lease_run_every_row_of_a_long_batch_once() -
     assert len(set(rows.values_list("claimed_by", flat=True))) == 2  # both relays ran rows
 
 
-def test_d5_deliver_events_once_exits_non_zero_within_seconds_on_a_missing_column() -> None:
+def test_d5_deliver_events_once_exits_non_zero_on_a_missing_column() -> None:
     declare_run_logger()
     with transaction.atomic():
         fire(Pinged(n=1))
@@ -64,21 +65,19 @@ def test_d5_deliver_events_once_exits_non_zero_within_seconds_on_a_missing_colum
     with connection.cursor() as cursor:
         cursor.execute(f"ALTER TABLE {table} RENAME COLUMN claim_position TO claim_position_x")
     try:
-        started = time.monotonic()
         process = start_child("relay", "--once", env={"DDE_RECEIVERS": "run_log"})
-        code, output = finish(process, timeout=60)
-        took = time.monotonic() - started
+        code, output = finish(process, timeout=60)  # it stops: it does not retry for ever
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f"ALTER TABLE {table} RENAME COLUMN claim_position_x TO claim_position")
     assert code != 0, output
-    assert took < 20, f"took {took:.1f}s"
     assert "manage.py migrate" in output and "claim_position" in output
     assert "Delivered:" not in output  # nothing that reads as success
     row = DeliveryRecord.objects.get()
     assert (row.status, row.attempts) == (DeliveryStatus.PENDING, 0)
 
 
+@needs_postgresql
 def test_d8_a_listener_that_lost_its_connection_listens_again_and_asks_for_a_pass() -> None:
     listener = Listener(connection.alias)
     assert listener.listen()
@@ -95,6 +94,7 @@ def test_d8_a_listener_that_lost_its_connection_listens_again_and_asks_for_a_pas
         listener.close()
 
 
+@needs_postgresql
 def test_d8_a_listen_that_fails_is_logged_once_and_retried(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -35,7 +35,7 @@ from django_domain_events.delivery.run import expire_overdue
 from django_domain_events.models import DeliveryRecord, ScheduledTally
 from django_domain_events.tally import compact, hour_of, recount
 from tests.app.events import OrderPlaced
-from tests.conftest import needs_postgresql, start_child
+from tests.conftest import needs_several_relays, start_child
 from tests.procs.receivers import SCHEDULED_KEY, declare_scheduled
 from tests.support import fire_one
 
@@ -186,7 +186,7 @@ def test_the_relay_folds_the_tally() -> None:
     assert outbox_health().scheduled == before
 
 
-@needs_postgresql
+@needs_several_relays
 @pytest.mark.django_db(transaction=True)
 def test_compacting_beside_two_firing_processes_loses_no_count() -> None:
     declare_scheduled()
