@@ -72,7 +72,7 @@ VENV_DJ6   := .venv-dj6
 STAMP_DJ6  := $(VENV_DJ6)/.installed
 DJANGO_DJ6 ?= Django>=6,<7
 
-.PHONY: .venv-dj6 dist docs
+.PHONY: .venv-dj6 dist docs api-docs
 
 .venv-dj6: $(STAMP_DJ6)
 
@@ -88,6 +88,10 @@ test: $(STAMP_DJ6)
 
 dist: $(STAMP)
 	bash scripts/dist.sh $(BIN)/python
+
+# docs/api.md from the docstrings (tests/test_api_reference.py says when it is stale).
+api-docs: $(STAMP)
+	$(BIN)/python scripts/api_reference.py
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir build/site
