@@ -292,7 +292,7 @@ def test_d5_a_missing_column_stops_the_relay_with_what_to_do(
         started = time.monotonic()
         with pytest.raises(CommandError, match="manage.py migrate"):
             call_command("deliver_events", "--once")
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < 60  # it stops: it does not retry for ever
     finally:
         connections.close_all()
         _rename_column("claimed_by_gone", "claimed_by")
