@@ -18,6 +18,7 @@ from django.db import router
 from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest
 
+from .. import clock
 from ..declare import registry
 from ..models import OWED_VALUES, DeliveryRecord, DeliveryStatus, EventRecord, ScheduleRecord
 from ..recurrence import schedules
@@ -161,9 +162,11 @@ class TimeRangeFilter(admin.ListFilter):
     def _moment(model: Any, name: str, value: Any) -> Any:
         field = model._meta.get_field(name.rsplit("__", 1)[0])
         try:
-            return field.to_python(value)
+            moment = field.to_python(value)
         except ValidationError:
             return None
+        # A link's time carries its offset; under USE_TZ = False it is compared local.
+        return clock.normalize(moment) if isinstance(moment, datetime) else None
 
     def _names(self) -> list[str]:
         return [f"{field}__{lookup}" for field in self.FIELDS for lookup in self.LOOKUPS]
