@@ -57,7 +57,9 @@ def test_a_crafted_filter_value_is_ignored(admin_client_: Client, outcomes, url,
 
 
 def test_a_good_bound_beside_a_bad_one_still_filters(admin_client_: Client, outcomes) -> None:
-    response = admin_client_.get(DELIVERIES_URL, {"due_at__lte": "2000-01-01T00:00:00+00:00", "due_at__gt": "x"})
+    response = admin_client_.get(
+        DELIVERIES_URL, {"due_at__lte": "2000-01-01T00:00:00+00:00", "due_at__gt": "x"}
+    )
     assert response.status_code == 200
     assert list(response.context["cl"].result_list) == []
 
