@@ -400,6 +400,7 @@ _SCALARS: dict[object, Node] = {
 
 
 def describe_annotation(annotation: object) -> str:
+    """An annotation as a message writes it: ``int``, ``list[int]``."""
     if isinstance(annotation, type) and get_origin(annotation) is None:
         return annotation.__qualname__
     return repr(annotation).replace("typing.", "")
@@ -497,5 +498,6 @@ def _bool_detail(value: object) -> str:
 
 
 def is_supported_value(value: object) -> bool:
+    """Whether ``value``'s type is one the codec stores (to say so when it is not)."""
     supported = (*JSON_SCALARS, decimal.Decimal, datetime.date, uuid.UUID, enum.Enum, list, tuple)
     return isinstance(value, supported)
