@@ -44,6 +44,8 @@ CRAFTED = [
     (EVENTS_URL, "event_name=%00x"),
     (EVENTS_URL, "delivery_status=%00x"),
     (TICKS_URL, "schedule=%00x"),
+    (DELIVERIES_URL, "q=%00"),
+    (EVENTS_URL, "q=%00"),
 ]
 
 
