@@ -46,7 +46,7 @@ _EXPORTS: dict[str, str] = {
     "claim_batch": "delivery.claim",
     "backoff": "retry",
     "notify_relay": "delivery.wake",
-    "fire_due_ticks": "delivery.ticks",
+    "fire_due_ticks": "tick_firing",
     "DeliveryContext": "delivery.outcomes",
     "DeliveryFailure": "delivery.outcomes",
     "DeliveryStatus": "models",
@@ -145,7 +145,6 @@ if TYPE_CHECKING:
     from .delivery.passes import deliver_one, deliver_pending
     from .delivery.relay import run_relay
     from .delivery.tasks import TaskBackend
-    from .delivery.ticks import fire_due_ticks
     from .delivery.wake import notify_relay
     from .firing import fire
     from .introspect import (
@@ -185,3 +184,4 @@ if TYPE_CHECKING:
         suppressed,
     )
     from .testing import assert_fired, drain_outbox
+    from .tick_firing import fire_due_ticks

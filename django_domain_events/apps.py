@@ -16,5 +16,10 @@ class DomainEventsConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .delivery.ticks import install_firing
+        from .tick_firing import fire_schedule
+
+        # Firing a tick fires an event, above delivery/: the relays' watch is given it here.
+        install_firing(fire_schedule)
 
         autodiscover_modules("events")

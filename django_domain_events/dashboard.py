@@ -9,7 +9,7 @@ letters, never the settled history; and the number of queries is the same for an
 table and a full one.
 
 Each bar carries the bounds of the rows it counts, so a page can link it to exactly
-those rows (``admin.py`` turns them into changelist filters).
+those rows (``admin/dashboard.py`` turns them into changelist filters).
 """
 
 from __future__ import annotations

@@ -18,22 +18,13 @@ from typing import Any, TypeVar, overload
 from django.apps import apps
 
 from .codec import decode_event, get_codec
+from .receiver_options import DURABLE, ReceiverOptions
+from .receiver_options import INLINE as INLINE
+from .receiver_options import ON_COMMIT as ON_COMMIT
+from .receiver_options import DeliveryMode as DeliveryMode
 from .retry import RetryPolicy
 
 MAX_NAME_LENGTH = 255
-
-
-class DeliveryMode(enum.Enum):
-    """How a receiver is run: inside the firing transaction, after it, or from a row."""
-
-    INLINE = "inline"
-    ON_COMMIT = "on_commit"
-    DURABLE = "durable"
-
-
-INLINE = DeliveryMode.INLINE
-ON_COMMIT = DeliveryMode.ON_COMMIT
-DURABLE = DeliveryMode.DURABLE
 
 
 class Retention(enum.Enum):
@@ -366,30 +357,6 @@ def _upgrade_hook(cls: type) -> Callable[[dict[str, Any], int], dict[str, Any]] 
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Arguments that describe a delivery row; meaningless without one.
-_ROW_ARGUMENTS = (
-    "max_attempts",
-    "eager",
-    "site",
-    "lease_seconds",
-    "targets",
-    "backoff_base_seconds",
-    "backoff_cap_seconds",
-    "retry",
-    "lane",
-    "give_up_after",
-    "due",
-    "ttl",
-    "ack",
-)
-_ROW_DEFAULTS: dict[str, Any] = {
-    "ack": "each",
-    "max_attempts": 5,
-    "eager": False,
-    "site": "relay",
-    "lane": "default",
-}
-
 
 def receiver(
     event_cls: type,
@@ -415,76 +382,81 @@ def receiver(
     """Declare ``func`` as a reaction to ``event_cls`` (or to every event, ``AnyEvent``).
 
     ``ack="batch"`` is for receivers whose only effects are writes to this database: the
-    relay runs a run of such rows in one transaction, each in a savepoint, and
-    acknowledges them together in one commit; a crash repeats the whole group.
+    relay runs a run of such rows in one transaction, without savepoints (if one raises,
+    the group is rolled back and run again with a savepoint per row, so only the failing
+    row is undone), and acknowledges them together in one commit; a crash repeats the
+    whole group.
     """
-    given = {
-        "max_attempts": max_attempts,
-        "eager": eager,
-        "site": site,
-        "lease_seconds": lease_seconds,
-        "targets": targets,
-        "backoff_base_seconds": backoff_base_seconds,
-        "backoff_cap_seconds": backoff_cap_seconds,
-        "retry": retry,
-        "lane": lane,
-        "give_up_after": give_up_after,
-        "due": due,
-        "ttl": ttl,
-        "ack": ack,
-    }
     _check_event_class(event_cls)
-    _check_mode(mode, given)
-    if mode is DURABLE:
-        _check_row_arguments(given)
-    if on_failure is not None and not callable(on_failure):
-        raise TypeError(f"@receiver(on_failure=) must be callable, not {on_failure!r}.")
-    if not isinstance(takes_context, bool):
-        raise TypeError(f"@receiver(takes_context=) must be True or False, not {takes_context!r}.")
+    options = ReceiverOptions(
+        mode=mode,
+        max_attempts=max_attempts,
+        eager=eager,
+        site=site,
+        lease_seconds=lease_seconds,
+        takes_context=takes_context,
+        on_failure=on_failure,
+        targets=targets,
+        backoff_base_seconds=backoff_base_seconds,
+        backoff_cap_seconds=backoff_cap_seconds,
+        retry=retry,
+        lane=lane,
+        give_up_after=give_up_after,
+        due=due,
+        ttl=ttl,
+        ack=ack,
+    )
 
     def declare(func: F) -> F:
         if not callable(func):
             raise TypeError(f"@receiver decorates a function, not {func!r}.")
         _check_arity(func, takes_context)
-        receiver_key = key if key is not None else default_key(func)
-        if not isinstance(receiver_key, str) or not receiver_key.strip():
-            raise ValueError(f"@receiver(key=) must be a non-empty string, not {receiver_key!r}.")
-        if len(receiver_key) > MAX_NAME_LENGTH:
-            raise ValueError(
-                f"@receiver(key={receiver_key[:40]!r}...) is {len(receiver_key)} characters; "
-                f"keys are stored in a column of {MAX_NAME_LENGTH}. Choose a shorter key."
-            )
-        policy = retry
-        if backoff_base_seconds is not None or backoff_cap_seconds is not None:
-            policy = None  # the knobs are read against the settings at each failure
-        registry.add_receiver(
-            RegisteredReceiver(
-                key=receiver_key,
-                event_class=event_cls,
-                func=func,
-                mode=mode,
-                takes_context=takes_context,
-                max_attempts=max_attempts if mode is DURABLE else None,
-                eager=eager,
-                site=site,
-                on_failure=on_failure,
-                lease_seconds=float(lease_seconds) if lease_seconds is not None else None,
-                targets=targets,
-                backoff_base_seconds=backoff_base_seconds,
-                backoff_cap_seconds=backoff_cap_seconds,
-                lane=lane,
-                give_up_after=give_up_after,
-                due=due,
-                ttl=ttl,
-                retry=policy,
-                is_async=inspect.iscoroutinefunction(func),
-                event_name=_event_name(event_cls),
-                ack=ack,
-            )
-        )
+        receiver_key = _checked_key(key if key is not None else default_key(func))
+        registry.add_receiver(_registered_receiver(receiver_key, event_cls, func, options))
         return func
 
     return declare
+
+
+def _checked_key(receiver_key: object) -> str:
+    if not isinstance(receiver_key, str) or not receiver_key.strip():
+        raise ValueError(f"@receiver(key=) must be a non-empty string, not {receiver_key!r}.")
+    if len(receiver_key) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"@receiver(key={receiver_key[:40]!r}...) is {len(receiver_key)} characters; "
+            f"keys are stored in a column of {MAX_NAME_LENGTH}. Choose a shorter key."
+        )
+    return receiver_key
+
+
+def _registered_receiver(
+    key: str, event_cls: type, func: Callable[..., Any], options: ReceiverOptions
+) -> RegisteredReceiver:
+    """The registry's record of a receiver: its options as the delivery code reads them."""
+    o = options
+    return RegisteredReceiver(
+        key=key,
+        event_class=event_cls,
+        func=func,
+        mode=o.mode,
+        takes_context=o.takes_context,
+        max_attempts=o.max_attempts if o.durable else None,
+        eager=o.eager,
+        site=o.site,
+        on_failure=o.on_failure,
+        lease_seconds=float(o.lease_seconds) if o.lease_seconds is not None else None,
+        targets=o.targets,
+        backoff_base_seconds=o.backoff_base_seconds,
+        backoff_cap_seconds=o.backoff_cap_seconds,
+        lane=o.lane,
+        give_up_after=o.give_up_after,
+        due=o.due,
+        ttl=o.ttl,
+        retry=o.retry_policy,
+        is_async=inspect.iscoroutinefunction(func),
+        event_name=_event_name(event_cls),
+        ack=o.ack,
+    )
 
 
 def _event_name(event_cls: type) -> str:
@@ -500,137 +472,6 @@ def _check_event_class(event_cls: object) -> None:
             f"@receiver({event_cls!r}) needs an @event class or AnyEvent; "
             "decorate the class with @event first."
         )
-
-
-def _check_mode(mode: object, given: dict[str, Any]) -> None:
-    if not isinstance(mode, DeliveryMode):
-        raise TypeError(f"@receiver(mode=) must be DURABLE, INLINE or ON_COMMIT, not {mode!r}.")
-    if mode is DURABLE:
-        return
-    for name in _ROW_ARGUMENTS:
-        if given[name] != _ROW_DEFAULTS.get(name):
-            raise ValueError(
-                f"@receiver({name}=...) describes a delivery row, and mode={mode.name} "
-                "writes none. Drop it, or make the receiver DURABLE."
-            )
-
-
-def _positive_seconds(value: object, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError(f"@receiver({name}=) must be a positive number of seconds, not {value!r}.")
-
-
-def _positive_timedelta(value: object, name: str) -> None:
-    if not isinstance(value, timedelta):
-        raise TypeError(f"@receiver({name}=) must be a timedelta, not {value!r}.")
-    if value <= timedelta(0):
-        raise ValueError(f"@receiver({name}=) must be a positive timedelta, not {value!r}.")
-
-
-def _check_sync_callable(value: object, name: str) -> None:
-    if not callable(value):
-        raise TypeError(f"@receiver({name}=) must be a callable, not {value!r}.")
-    if inspect.iscoroutinefunction(value):
-        raise TypeError(
-            f"@receiver({name}=) must be a plain (sync) function: it runs inside fire()'s "
-            "transaction, which cannot wait on a coroutine. Make it a def, not an async def."
-        )
-
-
-def _check_row_arguments(given: dict[str, Any]) -> None:
-    max_attempts = given["max_attempts"]
-    if max_attempts is None:
-        if given["ttl"] is None and given["give_up_after"] is None:
-            raise ValueError(
-                "@receiver(max_attempts=None) would let a delivery be owed forever; "
-                "bound it with ttl= or give_up_after=, or give max_attempts a number."
-            )
-    elif isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValueError(
-            f"@receiver(max_attempts=) must be an int >= 1 or None, not {max_attempts!r}."
-        )
-    if not isinstance(given["eager"], bool):
-        raise TypeError(f"@receiver(eager=) must be True or False, not {given['eager']!r}.")
-    if given["site"] not in ("relay", "task"):
-        raise ValueError(f"@receiver(site=) must be 'relay' or 'task', not {given['site']!r}.")
-    if given["lease_seconds"] is not None:
-        _positive_seconds(given["lease_seconds"], "lease_seconds")
-    if given["targets"] is not None:
-        _check_sync_callable(given["targets"], "targets")
-    _check_retry(given)
-    lane = given["lane"]
-    if not isinstance(lane, str) or not lane.strip() or len(lane) > 64:
-        raise ValueError(
-            f"@receiver(lane=) must be a non-empty string of at most 64 chars, not {lane!r}."
-        )
-    if given["give_up_after"] is not None:
-        _positive_timedelta(given["give_up_after"], "give_up_after")
-    if given["ttl"] is not None:
-        _positive_timedelta(given["ttl"], "ttl")
-    if given["ack"] not in ("each", "batch"):
-        raise ValueError(
-            f"@receiver(ack=) must be 'each' (one commit per delivery) or 'batch' (a run of "
-            f"rows acknowledged in one commit: only for receivers that write nothing but this "
-            f"database), not {given['ack']!r}."
-        )
-    _check_due(given)
-
-
-def _check_retry(given: dict[str, Any]) -> None:
-    base, cap, retry = (
-        given["backoff_base_seconds"],
-        given["backoff_cap_seconds"],
-        given["retry"],
-    )
-    if retry is not None and (base is not None or cap is not None):
-        raise ValueError(
-            "@receiver(retry=) and backoff_base_seconds=/backoff_cap_seconds= both describe "
-            "the wait between attempts; use retry=Exponential(base, cap) alone."
-        )
-    if base is not None:
-        _positive_seconds(base, "backoff_base_seconds")
-    if cap is not None:
-        _positive_seconds(cap, "backoff_cap_seconds")
-    if base is not None and cap is not None and cap < base:
-        raise ValueError(
-            f"@receiver(backoff_cap_seconds={cap!r}) is below backoff_base_seconds={base!r}; "
-            "the cap must be at least the base."
-        )
-    if retry is not None and not callable(getattr(retry, "delay", None)):
-        raise TypeError(
-            f"@receiver(retry=) needs Exponential, Constant, Linear or an object with "
-            f"delay(attempt, error) -> float | None, not {retry!r}."
-        )
-
-
-def _check_due(given: dict[str, Any]) -> None:
-    due = given["due"]
-    if due is None:
-        return
-    if given["eager"]:
-        raise ValueError(
-            "@receiver(due=) with eager=True: an eager attempt runs at commit, and a "
-            "scheduled delivery is not due then. Drop eager=True."
-        )
-    if given["targets"] is not None:
-        raise ValueError(
-            "@receiver(due=) with targets=: a fan-out resolved at fire time would keep that "
-            "recipient set until the row came due. Declare the scheduled receiver without "
-            "targets= and have it fire a follow-up event whose receiver declares targets=."
-        )
-    if isinstance(due, timedelta):
-        if due <= timedelta(0):
-            raise ValueError(
-                f"@receiver(due={due!r}): a delay that is not in the future is no schedule; "
-                "give a positive timedelta."
-            )
-        return
-    if not callable(due):
-        raise TypeError(
-            f"@receiver(due=) takes a timedelta or a callable of the event returning an "
-            f"aware datetime, not {due!r}."
-        )
-    _check_sync_callable(due, "due")
 
 
 def _check_arity(func: Callable[..., Any], takes_context: bool) -> None:

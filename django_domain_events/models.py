@@ -402,7 +402,7 @@ class TickRecord(models.Model):
 
 
 class OutboxDashboard(DeliveryRecord):
-    """No table: the admin index's entry for the outbox dashboard (``admin.py``), since
+    """No table: the admin index's entry for the outbox dashboard (``admin/dashboard.py``), since
     Django lists models there and nothing else."""
 
     class Meta:

@@ -2,7 +2,7 @@
 
 A schedule is a cron expression read in a time zone, or a fixed interval, and a
 function of the tick that builds the event to fire. The relays fire each tick once
-(``ticks.py``); this module only declares schedules and answers "which ticks fall in
+(``tick_firing.py``); this module only declares schedules and answers "which ticks fall in
 this stretch of time", which is all the policies need.
 
 Cron expressions are evaluated by ``cronsim`` (the ``cron`` extra) on the zone's wall
@@ -215,26 +215,7 @@ def recurring(
     minute for ``"none"``). The key defaults to ``<app_label>.<function name>``.
     """
     _check_when(cron, timezone, every)
-    if catch_up not in CATCH_UP_POLICIES:
-        raise ValueError(
-            f"@recurring(catch_up={catch_up!r}) is not a policy; use 'latest' (the newest "
-            "missed tick fires), 'all' (each fires, up to catch_up_limit) or 'none'."
-        )
-    if catch_up_limit is not None:
-        if catch_up != "all":
-            raise ValueError(
-                f"@recurring(catch_up_limit={catch_up_limit!r}) bounds catch_up='all' only; "
-                f"drop it or set catch_up='all' (catch_up is {catch_up!r})."
-            )
-        if isinstance(catch_up_limit, bool) or not isinstance(catch_up_limit, int):
-            raise TypeError(
-                f"@recurring(catch_up_limit=) must be a whole number >= 1, not {catch_up_limit!r}."
-            )
-        if catch_up_limit < 1:
-            raise ValueError(
-                f"@recurring(catch_up_limit=) must be >= 1, not {catch_up_limit!r}; use "
-                "catch_up='latest' or 'none' to fire fewer missed ticks."
-            )
+    _check_catch_up(catch_up, catch_up_limit)
     if tolerance is not None and (
         not isinstance(tolerance, timedelta) or tolerance <= timedelta(0)
     ):
@@ -265,6 +246,28 @@ def recurring(
         return func
 
     return declare
+
+
+def _check_catch_up(catch_up: object, limit: object) -> None:
+    if catch_up not in CATCH_UP_POLICIES:
+        raise ValueError(
+            f"@recurring(catch_up={catch_up!r}) is not a policy; use 'latest' (the newest "
+            "missed tick fires), 'all' (each fires, up to catch_up_limit) or 'none'."
+        )
+    if limit is None:
+        return
+    if catch_up != "all":
+        raise ValueError(
+            f"@recurring(catch_up_limit={limit!r}) bounds catch_up='all' only; "
+            f"drop it or set catch_up='all' (catch_up is {catch_up!r})."
+        )
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"@recurring(catch_up_limit=) must be a whole number >= 1, not {limit!r}.")
+    if limit < 1:
+        raise ValueError(
+            f"@recurring(catch_up_limit=) must be >= 1, not {limit!r}; use "
+            "catch_up='latest' or 'none' to fire fewer missed ticks."
+        )
 
 
 def _check_when(cron: object, zone: object, every: object) -> None:

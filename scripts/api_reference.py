@@ -88,7 +88,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
         [
             "django_domain_events.recurrence.recurring",
             "django_domain_events.recurrence.Schedule",
-            "django_domain_events.delivery.ticks.fire_due_ticks",
+            "django_domain_events.tick_firing.fire_due_ticks",
             "django_domain_events.operations.pause_schedule",
             "django_domain_events.operations.resume_schedule",
             "django_domain_events.operations.forget_schedule",

@@ -252,6 +252,19 @@ def test_an_upgrade_that_raises_dead_letters_with_payload_upgrade_failed() -> No
     assert "PayloadUpgradeFailed" in row_for(event_id).last_error
 
 
+def test_a_row_newer_than_the_code_is_dead_naming_both_versions() -> None:
+    ran: list[object] = []
+    receiver(OrderPlaced, key="t.newer")(ran.append)
+    event_id = fire_committed(OrderPlaced(order_id=1))
+    EventRecord.objects.filter(pk=event_id).update(version=99)
+    assert drain_outbox()[DeliveryStatus.DEAD] == 1
+    row = row_for(event_id)
+    assert ran == [] and row.attempts == 0
+    assert row.last_error.startswith("PayloadDecodeError")
+    assert "version 99" in row.last_error and "version 1" in row.last_error
+    assert "deploy the code" in row.last_error.lower()
+
+
 def test_async_receivers_and_hooks_run_to_completion() -> None:
     ran: list[str] = []
 

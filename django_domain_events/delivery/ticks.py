@@ -1,82 +1,29 @@
-"""The relays' side of recurring schedules: find the ticks that came due, fire each once.
+"""The relays' side of recurring schedules: the cursor rows, and the watch for due ticks.
 
 Every declared schedule has a cursor row (``ScheduleRecord``): the newest tick handled
 and the next one due. A relay pass reads the earliest ``next_tick_at`` in one indexed
-query, at most once a second. For a schedule that is due, the relay moves its cursor
-forward by compare-and-set and, in the same transaction, fires the ticks its catch-up
-policy chooses and records each one (``TickRecord``, unique per schedule and tick). A
-relay that loses the race moves nothing and fires nothing; a crash rolls back the
-cursor, the events and the tick rows together; so each tick fires once.
+query, at most once a second, and hands each due schedule to the tick firing
+(``tick_firing.py``, above ``delivery/``: it fires events) that the app config installs.
+Ticks that will not fire are recorded here too.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections.abc import Callable, Sequence
+from datetime import datetime
 
-from django.db import connections, transaction
+from django.db import transaction
 
 from .. import clock
-from ..declare import registry
-from ..firing import fire
 from ..models import ScheduleRecord, TickRecord, TickStatus, database_alias
 from ..recurrence import Schedule, aware, schedules
-from .outage import is_outage
-from .outcomes import describe_error
-from .run import refuse_awaitable
 
 logger = logging.getLogger("django_domain_events.schedules")
 
 CHECK_SECONDS = 1.0  # a relay looks for due ticks at most this often
 DUE_BATCH = 20  # schedules one look handles; more due ones are handled on the next pass
-_JUST_BEFORE = timedelta(microseconds=1)
-
-
-@dataclass(frozen=True)
-class TickPlan:
-    """What to do with the ticks due for one schedule: fire some, skip the run before."""
-
-    fire: tuple[datetime, ...]  # oldest first
-    skipped: tuple[datetime, datetime] | None  # the first and last tick skipped
-    skip_reason: str
-    cursor: datetime | None  # the newest tick due, None when none is
-    next_tick: datetime
-
-
-def plan_ticks(schedule: Schedule, after: datetime, now: datetime) -> TickPlan:
-    """Which ticks in ``(after, now]`` fire under the schedule's policy, and which are skipped.
-
-    The ticks that fire are always the newest: ``catch_up="all"`` up to its limit, the
-    others one. A tick later than the schedule's tolerance is skipped instead.
-    """
-    count = schedule.catch_up_limit if schedule.catch_up == "all" else 1
-    newest = schedule.latest(after, now, count + 1)  # one more: is anything skipped?
-    next_tick = schedule.next_after(now)
-    if not newest:
-        return TickPlan((), None, "", None, next_tick)
-    late_limit = schedule.late_limit
-    chosen = [t for t in newest[:count] if late_limit is None or now - t <= late_limit]
-    skipped = None
-    reason = ""
-    if len(newest) > len(chosen):
-        last_skipped = newest[len(chosen)]
-        skipped = (schedule.next_after(after), last_skipped)
-        reason = _skip_reason(schedule, now - last_skipped)
-    return TickPlan(tuple(reversed(chosen)), skipped, reason, newest[0], next_tick)
-
-
-def _skip_reason(schedule: Schedule, late: timedelta) -> str:
-    limit = schedule.late_limit
-    if limit is not None and late > limit:
-        return (
-            f"no relay reached them within the tolerance ({limit}) [catch_up={schedule.catch_up!r}]"
-        )
-    if schedule.catch_up == "all":
-        return f"more ticks were missed than catch_up_limit={schedule.catch_up_limit} fires"
-    return "missed while no relay ran; catch_up='latest' fires the newest only"
 
 
 def sync_schedules(now: datetime | None = None) -> int:
@@ -126,23 +73,6 @@ def sync_schedules(now: datetime | None = None) -> int:
     return written
 
 
-def fire_due_ticks(now: datetime | None = None) -> int:
-    """Fire every tick that has come due, once; returns how many ticks fired.
-
-    What the relays do on their own: call it yourself only to fire ticks without a
-    relay, e.g. in tests with ``now=`` to drive the clock.
-    """
-    moment = now if now is not None else clock.now()
-    sync_schedules(moment)
-    fired = 0
-    while True:
-        due = _due_keys(database_alias(), moment)
-        for key in due:
-            fired += fire_schedule(key, moment)
-        if len(due) < DUE_BATCH:
-            return fired
-
-
 def _earliest(alias: str, keys: Sequence[str]) -> list[tuple[str, datetime]]:
     """The schedules whose next tick comes first: the one query of a relay's look."""
     rows = (
@@ -152,92 +82,6 @@ def _earliest(alias: str, keys: Sequence[str]) -> list[tuple[str, datetime]]:
         .values_list("key", "next_tick_at")[:DUE_BATCH]
     )
     return [(key, at) for key, at in rows if at is not None]
-
-
-def _due_keys(alias: str, now: datetime) -> list[str]:
-    moment = aware(now)
-    return [key for key, at in _earliest(alias, schedules.keys()) if aware(at) <= moment]
-
-
-def fire_schedule(key: str, now: datetime) -> int:
-    """Fire the due ticks of one schedule, if this caller wins its cursor; returns how
-    many fired."""
-    schedule = schedules.get(key)
-    if schedule is None:
-        return 0
-    alias = database_alias()
-    moment = aware(now)
-    with transaction.atomic(using=alias):
-        rows = ScheduleRecord.objects.using(alias).filter(
-            key=key, next_tick_at__lte=clock.normalize(moment)
-        )
-        if connections[alias].features.has_select_for_update_skip_locked:
-            rows = rows.select_for_update(skip_locked=True)  # another relay has it: go on
-        found = rows.values_list("last_tick_at", "next_tick_at").first()
-        if found is None:
-            return 0
-        last, next_at = found
-        assert next_at is not None  # the filter above
-        after = aware(last) if last is not None else aware(next_at) - _JUST_BEFORE
-        plan = plan_ticks(schedule, after, moment)
-        cursor = clock.normalize(plan.cursor) if plan.cursor is not None else last
-        moved = (
-            ScheduleRecord.objects.using(alias)
-            .filter(key=key, last_tick_at=last, next_tick_at=next_at)
-            .update(last_tick_at=cursor, next_tick_at=clock.normalize(plan.next_tick))
-        )
-        if not moved:  # another relay moved it first: its ticks are its to fire
-            return 0
-        if plan.skipped is not None:
-            record_skipped(alias, schedule, plan.skipped, plan.skip_reason, moment)
-        return sum(_fire_tick(alias, schedule, tick, moment) for tick in plan.fire)
-
-
-def _fire_tick(alias: str, schedule: Schedule, tick: datetime, now: datetime) -> int:
-    """Fire one tick and record it, in a savepoint: a function that raises, or returns
-    no event, records the tick failed and the schedule goes on."""
-    try:
-        with transaction.atomic(using=alias):
-            evt = schedule.build(tick)
-            refuse_awaitable(evt, f"schedule {schedule.key}'s function", "the event to fire")
-            if registry.event_for_class(type(evt)) is None:
-                raise TypeError(
-                    f"schedule {schedule.key} returned {evt!r}, not an instance of an "
-                    "@event class; return the event to fire."
-                )
-            event_id = fire(evt, occurred_at=tick)
-            TickRecord.objects.using(alias).create(
-                schedule_key=schedule.key,
-                tick=clock.normalize(tick),
-                status=TickStatus.FIRED,
-                event_id=event_id,
-                recorded_at=clock.normalize(now),
-            )
-    except Exception as error:
-        if is_outage(error, alias):
-            raise
-        if _recorded(alias, schedule.key, tick):
-            logger.info("Schedule %s: tick %s was already recorded.", schedule.key, tick)
-            return 0
-        reason = describe_error(error)
-        logger.error(
-            "Schedule %s: the tick of %s failed and will not be retried: %s",
-            schedule.key,
-            tick.isoformat(),
-            reason,
-            exc_info=error,
-            extra={"schedule": schedule.key, "tick": tick.isoformat()},
-        )
-        _record(alias, schedule.key, tick, TickStatus.FAILED, reason, now)
-        return 0
-    logger.info(
-        "Schedule %s fired the tick of %s: event #%s.",
-        schedule.key,
-        tick.isoformat(),
-        event_id,
-        extra={"schedule": schedule.key, "tick": tick.isoformat(), "event_id": event_id},
-    )
-    return 1
 
 
 def record_skipped(
@@ -285,12 +129,27 @@ def _record(
         )
 
 
-def _recorded(alias: str, key: str, tick: datetime) -> bool:
-    return (
-        TickRecord.objects.using(alias)
-        .filter(schedule_key=key, tick=clock.normalize(tick))
-        .exists()
-    )
+#: Fires one schedule's due ticks as of a moment and returns how many fired. Firing is
+#: above ``delivery/`` (a tick fires its event with ``fire()``), so the app config
+#: installs ``tick_firing.fire_schedule`` here when Django is ready, rather than this
+#: module importing upward.
+_fire_schedule: Callable[[str, datetime], int] | None = None
+
+
+def install_firing(fire_schedule: Callable[[str, datetime], int]) -> None:
+    """Give the relays' watch the function that fires a schedule's due ticks."""
+    global _fire_schedule
+    _fire_schedule = fire_schedule
+
+
+def _firing() -> Callable[[str, datetime], int]:
+    if _fire_schedule is None:
+        raise RuntimeError(
+            "No tick firing is installed: django_domain_events.apps.DomainEventsConfig "
+            "installs it when Django is ready; add 'django_domain_events' to INSTALLED_APPS "
+            "and call django.setup() before starting a relay."
+        )
+    return _fire_schedule
 
 
 class Ticker:
@@ -319,7 +178,7 @@ class Ticker:
         moment = aware(now)
         earliest = _earliest(alias, self._keys)
         due = [key for key, at in earliest if aware(at) <= moment]
-        fired = sum(fire_schedule(key, now) for key in due)
+        fired = sum(_firing()(key, now) for key in due)
         looked = time.monotonic()
         self._next_look = looked + CHECK_SECONDS
         self._next_tick = None
