@@ -17,6 +17,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils.module_loading import import_string
 
 from .. import clock, conf, signals, tally, tracing
@@ -35,7 +36,7 @@ from ..models import TERMINAL_VALUES, DeliveryRecord, DeliveryStatus
 from ..scope import caused_by
 from .claim import Claim, compare_and_set, database_alias, event_payload, parse_json
 from .lease import kept_alive, receiver_lease, renew
-from .outage import connection_lost
+from .outage import Blame, blame, is_outage
 from .outcomes import (
     DeliveryContext,
     DeliveryFailure,
@@ -226,14 +227,31 @@ def prepare(
         return None, None
     try:
         evt, scope = _read(held, decoded)
-    except ImproperlyConfigured:
-        raise  # the codec cannot be loaded: nothing about this row is wrong
-    except Exception as error:  # any row that cannot become the event: dead, unrun
+    except _UNREADABLE as error:  # a row that cannot become the event: dead, unrun
         reason = describe_error(error)
         if not isinstance(error, LookupError | PayloadDecodeError | PayloadUpgradeFailed):
             reason = f"the payload could not be decoded into {claim.event_name}: {reason}"
         return _settle_unrun(alias, held, DeliveryStatus.DEAD, reason, receiver)
+    except ImproperlyConfigured:
+        raise  # the codec cannot be loaded: nothing about this row is wrong
+    except Exception as error:  # reading failed: an outage, else one failed attempt
+        if isinstance(error, DatabaseError) and is_outage(error, alias):
+            raise
+        return record_failure(held, receiver, error, now=now)
     return Ready(held, receiver, lease, evt, context_for(held, scope))
+
+
+# What a payload that cannot become its event raises: the JSON parse, the codec, the
+# event's upgrade(), an event no longer declared or gone from the log. Permanent, so
+# the row is dead at once; anything else (a database error while reading) is not.
+_UNREADABLE = (
+    ValueError,
+    TypeError,
+    LookupError,
+    AttributeError,
+    RecursionError,
+    PayloadUpgradeFailed,
+)
 
 
 def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = None) -> Attempted:
@@ -263,7 +281,7 @@ def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = Non
                     caused_by(claim.event_id, claim.correlation_id),
                 ):
                     call_receiver(receiver, ready.evt, ready.ctx)
-            except (Exception, SystemExit) as error:  # a receiver calling sys.exit() too
+            except BaseException as error:  # CancelledError, sys.exit(), KeyboardInterrupt too
                 failure = error
                 raise
             if not acknowledge(alias, claim):
@@ -271,14 +289,27 @@ def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = Non
     except _LeaseLost:
         _warn_lease_lost(claim, ran=True)
         return None, None
-    except (Exception, SystemExit) as error:
-        if failure is None or connection_lost(error, alias):
-            # The acknowledgement itself failed, or the database went away under the
-            # receiver: not the receiver's failure, and nothing is charged for it.
+    except BaseException as error:
+        if failure is None or blame(error, alias) is Blame.OUTBOX:
+            # The acknowledgement itself failed, or the outbox's database went away under
+            # the receiver: not the receiver's failure, and nothing is charged for it.
             raise
-        return record_failure(claim, receiver, failure, now=now, timing=timing.stop())
+        result = record_failure(claim, receiver, failure, now=now, timing=timing.stop())
+        stop_if_interrupted(failure)
+        return result
     report_success(claim, timing.stop())
     return DeliveryStatus.SUCCEEDED, None
+
+
+def stop_if_interrupted(error: BaseException) -> None:
+    """Re-raise a ``KeyboardInterrupt`` that Ctrl-C may have sent, once its attempt is
+    recorded: where Python's own SIGINT handler is in place (``deliver_pending`` in a
+    shell), it may be the user's; a relay handles SIGINT itself, so there one raised
+    inside a receiver is the receiver's, and only its attempt."""
+    if isinstance(error, KeyboardInterrupt) and (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        raise error
 
 
 def _read(claim: Claim, decoded: dict[int, Any] | None) -> tuple[Any, dict[str, Any]]:
