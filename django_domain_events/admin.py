@@ -1243,7 +1243,7 @@ def dashboard_context(data: Dashboard, site_name: str) -> dict[str, Any]:
     receivers = [
         {
             "key": r.key,
-            "lane": lane_of.get(r.key, "default"),
+            "lane": lane_of.get(r.key, "not declared by this relay"),
             "owed": r.owed,
             "owed_url": url(**owed_now, receiver=r.key),
             "scheduled": r.scheduled,

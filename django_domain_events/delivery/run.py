@@ -34,7 +34,15 @@ from ..codec import PayloadDecodeError, PayloadUpgradeFailed
 from ..declare import RegisteredReceiver, registry
 from ..models import TERMINAL_VALUES, DeliveryRecord, DeliveryStatus
 from ..scope import caused_by
-from .claim import Claim, compare_and_set, database_alias, event_payload, parse_json
+from .claim import (
+    Claim,
+    compare_and_set,
+    database_alias,
+    event_payload,
+    may_orphan,
+    parse_json,
+    release,
+)
 from .lease import kept_alive, receiver_lease, renew
 from .outage import Blame, blame, is_outage
 from .outcomes import (
@@ -203,6 +211,8 @@ def prepare(
     ``Ready``, its lease renewed and its event decoded."""
     receiver = registry.receiver(claim.receiver_key)
     if receiver is None or not receiver.durable:
+        if not may_orphan(claim.receiver_key, claim.due_at, now):
+            return _leave_to_another_release(claim)
         return _settle_unrun(
             alias,
             claim,
@@ -252,6 +262,20 @@ _UNREADABLE = (
     RecursionError,
     PayloadUpgradeFailed,
 )
+
+
+def _leave_to_another_release(claim: Claim) -> Attempted:
+    """Hand back, unrun and uncharged, a row of a receiver this process does not declare,
+    still inside ``ORPHAN_AFTER_SECONDS``: a relay of another release may run it."""
+    release([claim])
+    logger.info(
+        "Delivery %s to %s: the receiver is not declared by this relay; left owed for a "
+        "relay that declares it (orphaned after ORPHAN_AFTER_SECONDS).",
+        claim.id,
+        claim.receiver_key,
+        extra=log_fields(claim),
+    )
+    return None, None
 
 
 def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = None) -> Attempted:
