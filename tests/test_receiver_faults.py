@@ -1,0 +1,103 @@
+"""What a receiver raises, and what reading its row raises, is judged in one place
+(issue 19, items 5 and 6): a real decode failure is permanent, a database error while
+reading is an outage or one failed attempt, and whatever a receiver raises,
+``BaseException`` included, is one recorded attempt. Runs on every database; the
+process tests are in test_receiver_fault_processes.py."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import OperationalError, ProgrammingError, connection
+
+from django_domain_events import DeliveryStatus, deliver_pending, receiver, run_relay
+from django_domain_events.delivery.claim import INLINE_PAYLOAD_BYTES
+from django_domain_events.models import DeliveryRecord, EventRecord
+from tests.app.events import OrderPlaced
+from tests.support import fire_one
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@contextlib.contextmanager
+def payload_read_fails(error: Exception) -> Iterator[None]:
+    """The query that reads one large payload from the event table raises ``error``
+    once, as a locked or failing database would."""
+    raised: list[bool] = []
+
+    def fail(execute: Callable[..., Any], sql: str, *args: Any) -> Any:
+        reads_payload = EventRecord._meta.db_table in sql and "payload" in sql
+        if reads_payload and DeliveryRecord._meta.db_table not in sql and not raised:
+            raised.append(True)
+            raise error
+        return execute(sql, *args)
+
+    with connection.execute_wrapper(fail):
+        yield
+    assert raised, "the payload was never read on its own"
+
+
+def large_order() -> int:
+    ran: list[int] = []
+    receiver(OrderPlaced, key="t.large", max_attempts=3)(lambda evt: ran.append(evt.order_id))
+    return fire_one(OrderPlaced(order_id=1, tags=("x" * (INLINE_PAYLOAD_BYTES + 10),)))
+
+
+def test_a_locked_database_while_reading_a_payload_does_not_dead_letter_the_row() -> None:
+    event_id = large_order()
+    locked = OperationalError("database is locked")
+    with payload_read_fails(locked), contextlib.suppress(OperationalError):
+        deliver_pending()  # an outage, raised for the caller to ride out; or one attempt
+    row = DeliveryRecord.objects.get(event_id=event_id)
+    assert row.status != DeliveryStatus.DEAD and "could not be decoded" not in row.last_error
+    assert row.attempts <= 1
+    deliver_pending(ignore_backoff=True)
+    row.refresh_from_db()
+    assert row.status == DeliveryStatus.SUCCEEDED
+
+
+def test_a_database_error_while_reading_that_is_no_outage_is_one_failed_attempt() -> None:
+    event_id = large_order()
+    with payload_read_fails(ProgrammingError("the read failed")):
+        assert deliver_pending()[DeliveryStatus.FAILED] == 1
+    row = DeliveryRecord.objects.get(event_id=event_id)
+    assert (row.status, row.attempts) == (DeliveryStatus.FAILED, 1)
+    assert row.last_error == "ProgrammingError: the read failed"
+
+
+def raises(error: BaseException) -> Callable[[object], None]:
+    def receive(evt: object) -> None:
+        raise error
+
+    return receive
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(3), GeneratorExit()])
+def test_a_receiver_raising_outside_exception_is_one_attempt_and_the_relay_goes_on(
+    error: BaseException,
+) -> None:
+    receiver(OrderPlaced, key="t.raises", max_attempts=1)(raises(error))
+    ran: list[int] = []
+    receiver(OrderPlaced, key="t.fine")(lambda evt: ran.append(evt.order_id))
+    for n in range(3):
+        fire_one(OrderPlaced(order_id=n))
+    counts = run_relay(once=True, prune=None)
+    assert (counts[DeliveryStatus.DEAD], counts[DeliveryStatus.SUCCEEDED]) == (3, 3)
+    dead = DeliveryRecord.objects.filter(receiver_key="t.raises")
+    assert set(dead.values_list("status", "attempts")) == {(DeliveryStatus.DEAD, 1)}
+    assert sorted(ran) == [0, 1, 2]
+
+
+def test_outside_a_relay_a_keyboard_interrupt_is_recorded_then_still_stops_the_caller() -> None:
+    """In a shell, Ctrl-C may be what raised it: the attempt is recorded, then it goes on
+    up, so ``deliver_pending()`` stops as the user asked."""
+    receiver(OrderPlaced, key="t.interrupted", max_attempts=2)(raises(KeyboardInterrupt()))
+    event_id = fire_one(OrderPlaced(order_id=1))
+    with pytest.raises(KeyboardInterrupt):
+        deliver_pending()
+    row = DeliveryRecord.objects.get(event_id=event_id)
+    assert (row.status, row.attempts) == (DeliveryStatus.FAILED, 1)
+    assert row.last_error == "KeyboardInterrupt"
