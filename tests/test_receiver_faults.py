@@ -6,7 +6,11 @@ process tests are in test_receiver_fault_processes.py."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +21,7 @@ from django_domain_events import DeliveryStatus, deliver_pending, receiver, run_
 from django_domain_events.delivery.claim import INLINE_PAYLOAD_BYTES
 from django_domain_events.models import DeliveryRecord, EventRecord
 from tests.app.events import OrderPlaced
+from tests.app.models import Delivered
 from tests.support import fire_one
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -101,3 +106,36 @@ def test_outside_a_relay_a_keyboard_interrupt_is_recorded_then_still_stops_the_c
     row = DeliveryRecord.objects.get(event_id=event_id)
     assert (row.status, row.attempts) == (DeliveryStatus.FAILED, 1)
     assert row.last_error == "KeyboardInterrupt"
+
+
+def test_a_task_left_by_an_async_receiver_cannot_write_outside_its_delivery(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The task writes after its receiver returned, while the next row runs: its query is
+    refused, loudly and naming the receiver, rather than run in another delivery's
+    transaction or held until the relay stops; the relay and both rows are unharmed."""
+
+    async def leaves_a_task(evt: OrderPlaced) -> None:
+        async def later() -> None:
+            await asyncio.sleep(0.1)
+            await Delivered.objects.acreate(
+                delivery_id=1000, receiver_key="left", event_id=evt.order_id, target=""
+            )
+
+        asyncio.get_running_loop().create_task(later())
+
+    def slow(evt: OrderPlaced) -> None:
+        time.sleep(0.5)  # the left task's write comes while this row runs
+
+    receiver(OrderPlaced, key="t.a_leaves")(leaves_a_task)
+    receiver(OrderPlaced, key="t.b_slow")(slow)
+    fire_one(OrderPlaced(order_id=1))
+    stop = threading.Event()
+    timer = threading.Timer(1.5, stop.set)
+    timer.start()
+    with caplog.at_level(logging.ERROR, logger="django_domain_events"):
+        counts = run_relay(stop=stop, prune=None)
+    timer.cancel()
+    assert counts[DeliveryStatus.SUCCEEDED] == 2
+    assert not Delivered.objects.filter(receiver_key="left").exists()
+    assert "receiver t.a_leaves" in caplog.text and "Await every task" in caplog.text

@@ -25,8 +25,9 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from .. import clock
-from .claim import Claim, claim_batch, release
+from .claim import Claim, claim_batch, database_alias, release
 from .lease import lane_lease
+from .loop import refusing_detached
 from .passes import Pass, Result, batch_size_of, run_one
 
 
@@ -114,17 +115,21 @@ class LaneWorkers:
 
     def _work(self) -> None:
         try:
-            while (claim := self._todo.get()) is not None:
-                try:
-                    done = Done(self.lane, claim, result=self._run(claim))
-                except BaseException as error:  # for the relay to judge: outage or halt
-                    done = Done(self.lane, claim, error=error)
-                self._done.put(done)
-                with self._lock:
-                    self._busy -= 1
-                self._wake.set()
+            with refusing_detached(database_alias()):
+                self._serve()
         finally:
             connections.close_all()
+
+    def _serve(self) -> None:
+        while (claim := self._todo.get()) is not None:
+            try:
+                done = Done(self.lane, claim, result=self._run(claim))
+            except BaseException as error:  # for the relay to judge: outage or halt
+                done = Done(self.lane, claim, error=error)
+            self._done.put(done)
+            with self._lock:
+                self._busy -= 1
+            self._wake.set()
 
 
 class Pools:

@@ -44,6 +44,7 @@ from .claim import (
     release,
 )
 from .lease import kept_alive, receiver_lease, renew
+from .loop import as_receiver_call
 from .outage import Blame, blame, is_outage
 from .outcomes import (
     DeliveryContext,
@@ -69,7 +70,7 @@ def call_receiver(receiver: RegisteredReceiver, evt: Any, ctx: DeliveryContext) 
     """
     func: Callable[..., Any] = receiver.func
     if receiver.is_async:
-        func = async_to_sync(func)
+        func = async_to_sync(as_receiver_call(receiver.key, func))
     result = func(evt, ctx) if receiver.takes_context else func(evt)
     refuse_awaitable(
         result,
