@@ -4,6 +4,7 @@ neighbours succeed, and ``deliver_events --once`` ends with exit 0. On every dat
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 
@@ -13,7 +14,7 @@ from django.db import connection, transaction
 from django_domain_events import DeliveryStatus, fire, receiver
 from django_domain_events.models import DeliveryRecord
 from tests.app.events import OrderPlaced, Pinged
-from tests.conftest import start_child
+from tests.conftest import start_child, wait_for
 from tests.procs.receivers import (
     CANCELLED_KEY,
     DOWN_DATABASE_KEY,
@@ -108,3 +109,25 @@ def test_a_receiver_whose_other_database_is_down_is_charged_and_dies(concurrency
     assert_dead_after_attempts(DOWN_DATABASE_KEY)
     rows = DeliveryRecord.objects.filter(receiver_key=RUN_LOG_KEY)
     assert set(rows.values_list("status", flat=True)) == {DeliveryStatus.SUCCEEDED}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_real_signal_still_stops_the_relay_and_hands_back_what_it_holds(signum: int) -> None:
+    """Receivers' KeyboardInterrupt is only their attempt, but SIGINT sent to the relay
+    is the operator's: the row in hand finishes, the rest of the batch goes back."""
+    declare_run_logger()
+    with transaction.atomic():
+        for n in range(6):
+            fire(Pinged(n=n))
+    log, env = run_log_relay_env(0.5, POLL_SECONDS=0.1)
+    relay = start_child("relay", "--batch-size", "6", env=env)
+    rows = DeliveryRecord.objects.filter(receiver_key=RUN_LOG_KEY)
+    wait_for(lambda: log.exists() and log.read_text().strip() != "", 60, "the first run")
+    relay.send_signal(signum)
+    out, err = relay.communicate(timeout=60)
+    assert relay.returncode == 0, out + err
+    ran = log.read_text().split()
+    assert set(rows.filter(id__in=ran).values_list("status", flat=True)) == {"succeeded"}
+    rest = rows.exclude(id__in=ran)
+    assert rest.exists()
+    assert set(rest.values_list("status", "attempts")) == {(DeliveryStatus.PENDING, 0)}
