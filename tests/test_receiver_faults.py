@@ -22,6 +22,7 @@ from django_domain_events.delivery.claim import INLINE_PAYLOAD_BYTES
 from django_domain_events.models import DeliveryRecord, EventRecord
 from tests.app.events import OrderPlaced
 from tests.app.models import Delivered
+from tests.procs.receivers import kill_own_connection
 from tests.support import fire_one
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -139,3 +140,24 @@ def test_a_task_left_by_an_async_receiver_cannot_write_outside_its_delivery(
     assert counts[DeliveryStatus.SUCCEEDED] == 2
     assert not Delivered.objects.filter(receiver_key="left").exists()
     assert "receiver t.a_leaves" in caplog.text and "Await every task" in caplog.text
+
+
+def test_in_an_acked_group_a_receiver_killing_its_connection_is_charged_alone() -> None:
+    """A group shares one transaction: a receiver that breaks the connection breaks it
+    for the group, which is rolled back and run row by row; only its row is charged."""
+
+    def record(evt: OrderPlaced) -> None:
+        if evt.order_id == 1:
+            kill_own_connection(evt)
+        Delivered.objects.create(
+            delivery_id=evt.order_id, receiver_key="t.group", event_id=evt.order_id, target=""
+        )
+
+    receiver(OrderPlaced, key="t.group", ack="batch", max_attempts=2)(record)
+    for n in range(4):
+        fire_one(OrderPlaced(order_id=n))
+    counts = deliver_pending()
+    assert (counts[DeliveryStatus.SUCCEEDED], counts[DeliveryStatus.FAILED]) == (3, 1)
+    failed = DeliveryRecord.objects.get(status=DeliveryStatus.FAILED)
+    assert failed.attempts == 1 and failed.event.payload["order_id"] == 1
+    assert sorted(Delivered.objects.values_list("delivery_id", flat=True)) == [0, 2, 3]
