@@ -10,11 +10,13 @@ import subprocess
 import time
 from datetime import timedelta
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.test import override_settings
+from django.urls import reverse
 from django.utils import timezone
 
 from django_domain_events import (
@@ -161,3 +163,11 @@ def stop(process: subprocess.Popen[str]) -> tuple[int, str]:
         process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=60)
     return process.returncode, out + err
+
+
+def test_the_dashboard_shows_a_receiver_not_declared_by_this_relay(admin_client: Any) -> None:
+    fired_by_the_new_release(2)
+    url = reverse("admin:django_domain_events_deliveryrecord_dashboard")
+    page = admin_client.get(url).content.decode()
+    row = page[page.index('data-receiver="t.new"') :]
+    assert "not declared by this relay" in row[: row.index("</tr>")]
