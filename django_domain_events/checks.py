@@ -229,7 +229,12 @@ def check_rows(app_configs: Any = None, databases: Any = None, **kwargs: Any) ->
         found.append(
             checks.Warning(
                 f"Owed deliveries name receiver {key!r}, which is not declared as durable.",
-                hint="Restore the receiver, or let the relay record the rows orphaned.",
+                hint=(
+                    "Restore the receiver (during a rolling deploy, the other release's "
+                    "relays run them), or let the relay record the rows orphaned "
+                    "ORPHAN_AFTER_SECONDS after they came due (manage.py "
+                    "orphan_undeclared: at once)."
+                ),
                 id="django_domain_events.W002",
             )
         )

@@ -43,6 +43,7 @@ class Settings:
     MESSAGE_TTL_SECONDS: float | None = None
     DEAD_LETTER_TTL_SECONDS: float | None = None
     SHUTDOWN_TIMEOUT_SECONDS: float | None = None
+    ORPHAN_AFTER_SECONDS: float = 3600.0
 
 
 KEYS = tuple(f.name for f in fields(Settings))
@@ -58,6 +59,7 @@ _POSITIVE_NUMBERS = (
     "RELAY_PRUNE_SECONDS",
 )
 _POSITIVE_INTS = ("BATCH_SIZE", "CONCURRENCY", "PRUNE_BATCH_ROWS")
+_NON_NEGATIVE_NUMBERS = ("NOTIFY_COALESCE_SECONDS", "ORPHAN_AFTER_SECONDS")
 _OPTIONAL_POSITIVE_NUMBERS = ("MESSAGE_TTL_SECONDS", "DEAD_LETTER_TTL_SECONDS")
 _BOOLS = ("WARN_OUTSIDE_ATOMIC", "RELAY_PRUNE")
 _DOTTED_PATHS = ("CODEC",)
@@ -112,11 +114,10 @@ def problems(raw: object) -> list[str]:
     wake = raw.get("WAKE", "notify")
     if wake not in ("notify", "poll"):
         found.append(f"{SETTINGS_NAME}['WAKE'] must be 'notify' or 'poll', not {wake!r}.")
-    coalesce = raw.get("NOTIFY_COALESCE_SECONDS", 0)
-    if not _is_number(coalesce) or coalesce < 0:
-        found.append(
-            f"{SETTINGS_NAME}['NOTIFY_COALESCE_SECONDS'] must be a number >= 0, not {coalesce!r}."
-        )
+    for key in _NON_NEGATIVE_NUMBERS:
+        value = raw.get(key, 0)
+        if not _is_number(value) or value < 0:
+            found.append(f"{SETTINGS_NAME}[{key!r}] must be a number >= 0, not {value!r}.")
     base = raw.get("BACKOFF_BASE_SECONDS", Settings.BACKOFF_BASE_SECONDS)
     cap = raw.get("BACKOFF_CAP_SECONDS", Settings.BACKOFF_CAP_SECONDS)
     if _is_number(base) and _is_number(cap) and cap < base:

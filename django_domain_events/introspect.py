@@ -194,7 +194,12 @@ def _aware(value: datetime | None) -> datetime | None:
 
 @dataclass(frozen=True)
 class ReceiverBacklog:
-    """One receiver's rows: owed (due now), scheduled (due later), claimed, dead."""
+    """One receiver's rows: owed (due now), scheduled (due later), claimed, dead.
+
+    ``declared`` is False for a key this process does not declare as a durable receiver
+    (not declared by this relay): its rows wait for a relay of a release that declares
+    it, and are orphaned ``ORPHAN_AFTER_SECONDS`` after they came due.
+    """
 
     key: str
     owed: int
@@ -202,6 +207,7 @@ class ReceiverBacklog:
     oldest_owed_at: datetime | None
     scheduled: int = 0
     claimed: int = 0
+    declared: bool = True
 
 
 @dataclass(frozen=True)
@@ -243,6 +249,7 @@ class OutboxHealth:
     scheduled: int = 0
     lanes: tuple[LaneBacklog, ...] = ()
     schedules: tuple[ScheduleStatus, ...] = ()
+    undeclared: int = 0  # owed rows of receivers not declared by this relay (see above)
 
 
 @dataclass
@@ -384,7 +391,7 @@ def _assemble(
         lanes[lane_of.get(key, "default")].merge(tally)
         total.merge(tally)
     receivers = tuple(
-        ReceiverBacklog(key, t.owed, t.dead, t.oldest, t.scheduled, t.claimed)
+        ReceiverBacklog(key, t.owed, t.dead, t.oldest, t.scheduled, t.claimed, key in lane_of)
         for key, t in sorted(tallies.items(), key=lambda item: _worst_first(item[1], item[0]))
     )
     lane_backlogs = tuple(
@@ -403,6 +410,7 @@ def _assemble(
         scheduled=total.scheduled,
         lanes=lane_backlogs,
         schedules=ticking,
+        undeclared=sum(r.owed for r in receivers if not r.declared),
     )
 
 

@@ -112,6 +112,51 @@ def cancel_deliveries(
     return {"cancelled": cancelled, "in_flight": in_flight}
 
 
+def orphan_undeclared(receiver_keys: Iterable[str] | None = None) -> int:
+    """Orphan now the owed rows of receivers this process does not declare, instead of
+    waiting ``ORPHAN_AFTER_SECONDS`` for a relay of another release to run them.
+
+    For after a deploy that removed a receiver for good. ``receiver_keys`` narrows it to
+    those keys, each of which must be undeclared here. Claimed rows are left to the
+    worker running them. Returns the number of rows orphaned.
+    """
+    keys = None if receiver_keys is None else _undeclared_keys(receiver_keys)
+    declared = [r.key for r in registry.receivers if r.durable]
+    alias = database_alias()
+    with transaction.atomic(using=alias):
+        rows = DeliveryRecord.objects.using(alias).filter(status__in=CANCELLABLE)
+        rows = rows.exclude(receiver_key__in=declared)
+        if keys is not None:
+            rows = rows.filter(receiver_key__in=keys)
+        scheduled = rows.filter(due_at__gte=tally.horizon())
+        if connections[alias].features.has_select_for_update:
+            scheduled = scheduled.select_for_update()  # no claim takes them from under us
+        leaving = list(scheduled.values_list("receiver_key", "due_at"))
+        orphaned = rows.update(
+            status=DeliveryStatus.ORPHANED,
+            completed_at=clock.now(),
+            lease_expires_at=None,
+            last_error="orphaned by an operator: the receiver is not declared by this "
+            "release; restore it and replay the event, or leave the row as a record.",
+        )
+        tally.record(alias, left=leaving)
+    return orphaned
+
+
+def _undeclared_keys(receiver_keys: Iterable[str]) -> list[str]:
+    if isinstance(receiver_keys, str):
+        raise TypeError(f"orphan_undeclared() takes a list of keys, not {receiver_keys!r}.")
+    keys = list(receiver_keys)
+    for key in keys:
+        declared = registry.receiver(key)
+        if declared is not None and declared.durable:
+            raise ValueError(
+                f"receiver {key!r} is declared here as a durable receiver: its rows are "
+                "owed to it, not orphans. Use cancel_deliveries to withdraw them."
+            )
+    return keys
+
+
 # replay ------------------------------------------------------------------------
 
 

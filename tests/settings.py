@@ -128,6 +128,11 @@ else:
 
 DATABASES = {"default": _default, "events": _events}
 
+# A database that is down (child processes given DDE_DOWN_ALIAS): a server port nothing
+# listens on, or an SQLite file in a directory that does not exist.
+if os.environ.get("DDE_DOWN_ALIAS"):
+    DATABASES["down"] = {**_default, "TEST": {}, "PORT": "1", "NAME": "/nonexistent/down"}
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # A zone whose local time is not UTC, so naive-local versus aware-UTC mistakes show.

@@ -192,6 +192,8 @@ SETTINGS = {
     "TASK_BACKEND": f"{__name__}.QueueBackend",
     # Every prune first deletes the dead letters that died this long before its now=.
     "DEAD_LETTER_TTL_SECONDS": DEAD_LETTER_TTL.total_seconds(),
+    # The machine removes a receiver from the code (not a rolling deploy): orphan at once.
+    "ORPHAN_AFTER_SECONDS": 0,
 }
 
 
@@ -1016,6 +1018,24 @@ def prunable(
     if prune_after is not None:
         return prune_after <= moment and not owed
     return recorded_at <= moment - window and not owed
+
+
+@pytest.fixture(autouse=True)
+def killed_workers_record_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``WorkerKilled`` stands for kill -9, which records nothing; the package records
+    whatever a receiver raises (BaseException included), so here the write of its
+    failure is where the worker dies."""
+    from django_domain_events.delivery import group, run
+
+    original = run.write_failure
+
+    def write_failure(claim: Any, receiver: Any, error: BaseException, *, now: Any) -> Any:
+        if isinstance(error, WorkerKilled):
+            raise error
+        return original(claim, receiver, error, now=now)
+
+    monkeypatch.setattr(run, "write_failure", write_failure)
+    monkeypatch.setattr(group, "write_failure", write_failure)
 
 
 def test_the_delivery_lifecycle_keeps_its_invariants() -> None:

@@ -104,6 +104,7 @@ def test_moving_a_receiver_to_another_lane_moves_its_owed_rows() -> None:
     assert deliver_pending(lane="default")[DeliveryStatus.SUCCEEDED] == 2
 
 
+@override_settings(DJANGO_DOMAIN_EVENTS={"ORPHAN_AFTER_SECONDS": 0})
 def test_the_default_lane_drains_rows_of_receivers_no_longer_declared() -> None:
     receiver(Pinged, key="t.gone", lane="mail")(lambda evt: None)
     receiver(Pinged, key="t.mail", lane="mail")(lambda evt: None)

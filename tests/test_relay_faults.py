@@ -370,13 +370,18 @@ def test_d9_each_relay_has_its_own_worker_id_even_in_one_process() -> None:
 def test_d9_after_an_outage_a_relay_hands_back_its_batch_not_another_threads_rows() -> None:
     lost: list[int] = []
 
-    def lose_the_connection(evt: OrderPlaced) -> None:
+    def lose_the_database(evt: OrderPlaced) -> None:
         if evt.order_id == 1 and not lost:
             lost.append(1)
+            # The server goes away: this connection ends, and for a second no new one
+            # can be made (nothing listens on port 1), as in a restart.
+            port = connection.settings_dict["PORT"]
+            connection.settings_dict["PORT"] = "1"
+            threading.Timer(1.0, connection.settings_dict.__setitem__, ("PORT", port)).start()
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
 
-    receiver(OrderPlaced, key="t.outage")(lose_the_connection)
+    receiver(OrderPlaced, key="t.outage")(lose_the_database)
     other = fire_one(OrderPlaced(order_id=0))
     # Another thread of this process, under the same worker id, holds this row.
     claim_batch(worker_id="same", now=timezone.now(), lease=60, limit=1)

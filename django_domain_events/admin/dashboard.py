@@ -114,7 +114,11 @@ def _receivers(data: Dashboard, links: _Links) -> list[dict[str, Any]]:
     """The table of receivers, with the lane each is declared on."""
     lane_of = {key: lane for lane, keys in registry.lanes().items() for key in keys}
     return [
-        {"key": r.key, "lane": lane_of.get(r.key, "default"), **_row(r, links, receiver=r.key)}
+        {
+            "key": r.key,
+            "lane": lane_of.get(r.key, "not declared by this relay"),
+            **_row(r, links, receiver=r.key),
+        }
         for r in data.health.receivers
     ]
 

@@ -27,7 +27,7 @@ from django.db import connections, transaction
 from django.db.models import Case, F, PositiveIntegerField, Q, TextField, Value, When
 from django.db.models.functions import Cast, Length
 
-from .. import clock
+from .. import clock, conf
 from ..declare import registry
 from ..models import (
     OWED_VALUES,
@@ -71,20 +71,40 @@ class Claim:
 INLINE_PAYLOAD_BYTES = 64 * 1024
 
 
-def lane_keys(lane: str | None) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
-    """``(only, never)`` receiver keys for a claim in ``lane``.
+def lane_keys(lane: str | None) -> tuple[str, ...] | None:
+    """The receiver keys a claim in ``lane`` takes (None: every key, for ``lane=None``).
 
-    The default lane also takes rows whose receiver is no longer declared, so they are
-    recorded orphaned rather than owed forever: it claims everything except the keys of
-    other lanes. Read from the declarations at every claim, so moving a receiver to
-    another lane moves its owed rows with it.
+    Read from the declarations at every claim, so moving a receiver to another lane
+    moves its owed rows with it. The default lane also takes the rows of receivers this
+    process does not declare, once ``orphans_from`` says they may be orphaned.
     """
     if lane is None:
-        return None, ()
-    lanes = registry.lanes()
-    if lane == "default":
-        return None, tuple(k for name, keys in lanes.items() if name != "default" for k in keys)
-    return lanes.get(lane, ()), ()
+        return None
+    return registry.lanes().get(lane, ())
+
+
+def orphans_from(lane: str | None, now: datetime) -> datetime | None:
+    """Rows of a receiver this relay does not declare, due at or before the returned time,
+    are its to orphan (None: this lane takes none of them).
+
+    Before that, ``ORPHAN_AFTER_SECONDS`` after the row came due, it waits untouched: in
+    a rolling deploy the relay of another release may declare the receiver and run it.
+    """
+    if lane != "default":
+        return None
+    return now - timedelta(seconds=conf.get().ORPHAN_AFTER_SECONDS)
+
+
+def may_orphan(receiver_key: str, due_at: datetime, now: datetime) -> bool:
+    """Whether a row of ``receiver_key``, undeclared here, is past its wait for another
+    release (see ``orphans_from``)."""
+    cutoff = orphans_from("default", now)
+    return cutoff is not None and due_at <= cutoff
+
+
+def declared_keys() -> tuple[str, ...]:
+    """The keys of every durable receiver this process declares, in any lane."""
+    return tuple(r.key for r in registry.receivers if r.durable)
 
 
 def claim_batch(
@@ -110,8 +130,9 @@ def claim_batch(
     if not isinstance(lease, timedelta):
         lease = timedelta(seconds=lease)
     now = clock.normalize(now)
-    only, never = lane_keys(lane)
-    if only is not None and not only:
+    only = lane_keys(lane)
+    orphans = orphans_from(lane, now)
+    if only is not None and not only and orphans is None:
         return []
     alias = database_alias()
     connection = connections[alias]
@@ -121,7 +142,7 @@ def claim_batch(
         now + lease,
         limit,
         only,
-        never,
+        (orphans, declared_keys()) if orphans is not None else None,
         tuple(exclude_ids),
         tuple(ids) if ids is not None else None,
         ignore_backoff,
@@ -140,7 +161,8 @@ class _ClaimArgs:
     lease_end: datetime
     limit: int
     only: tuple[str, ...] | None
-    never: tuple[str, ...]
+    # Also the rows of keys not declared here (the second) due by the first: orphans.
+    orphans: tuple[datetime, tuple[str, ...]] | None
     exclude: tuple[int, ...]
     ids: tuple[int, ...] | None
     ignore_backoff: bool
@@ -237,12 +259,16 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         "task_keys": list(args.task_keys),
         "inline": INLINE_PAYLOAD_BYTES,
     }
-    if args.only is not None:
+    if args.only is not None and args.orphans is None:
         filters.append("AND receiver_key = ANY(%(only)s)")
         params["only"] = list(args.only)
-    if args.never:
-        filters.append("AND NOT (receiver_key = ANY(%(never)s))")
-        params["never"] = list(args.never)
+    elif args.only is not None and args.orphans is not None:
+        filters.append(
+            "AND (receiver_key = ANY(%(only)s) OR (due_at <= %(orphans_due)s "
+            "AND NOT (receiver_key = ANY(%(declared)s))))"
+        )
+        params.update(only=list(args.only), orphans_due=args.orphans[0])
+        params["declared"] = list(args.orphans[1])
     if args.exclude:
         filters.append("AND NOT (id = ANY(%(exclude)s))")
         params["exclude"] = list(args.exclude)
@@ -329,9 +355,11 @@ def _owed_rows(alias: str, args: _ClaimArgs) -> Any:
         due |= Q(status=DeliveryStatus.FAILED, due_at__lte=args.now)
     rows = DeliveryRecord.objects.using(alias).filter(due, status__in=OWED_VALUES)
     if args.only is not None:
-        rows = rows.filter(receiver_key__in=args.only)
-    if args.never:
-        rows = rows.exclude(receiver_key__in=args.never)
+        mine = Q(receiver_key__in=args.only)
+        if args.orphans is not None:
+            due_by, declared = args.orphans
+            mine |= Q(due_at__lte=due_by) & ~Q(receiver_key__in=declared)
+        rows = rows.filter(mine)
     if args.exclude:
         rows = rows.exclude(id__in=args.exclude)
     if args.ids is not None:
@@ -518,7 +546,7 @@ def take_over(
         )
     if not taken:
         return None
-    args = _ClaimArgs(worker_id, now, now + lease, 1, None, (), (), (delivery_id,), False)
+    args = _ClaimArgs(worker_id, now, now + lease, 1, None, None, (), (delivery_id,), False)
     return next(iter(_held(alias, args)), None)
 
 

@@ -26,7 +26,7 @@ from ..models import STATUS_SQL, DeliveryRecord, DeliveryStatus
 from ..scope import caused_by
 from .claim import Claim, database_alias
 from .lease import kept_alive
-from .outage import connection_lost
+from .outage import Blame, blame
 from .outcomes import Outcome
 from .run import (
     Attempted,
@@ -45,7 +45,8 @@ logger = logging.getLogger("django_domain_events.delivery")
 
 
 class _GroupLost(Exception):
-    """A row of the group was taken over: roll the whole group back."""
+    """A row of the group was taken over, or a receiver broke the transaction beyond its
+    savepoint: roll the whole group back and run its rows one at a time."""
 
 
 class _Failed(Exception):
@@ -73,8 +74,8 @@ def attempt_group(
             results.update(_run_together(alias, ready, now, savepoints=True))
     except _GroupLost:
         logger.info(
-            "A row of a group of %s was taken over by another worker; the group was rolled "
-            "back and its rows run one at a time.",
+            "A row of a group of %s was taken over by another worker, or its receiver broke "
+            "the transaction; the group was rolled back and its rows run one at a time.",
             len(ready),
         )
         for row in ready:
@@ -100,11 +101,13 @@ def _run_together(
                     caused_by(row.claim.event_id, row.claim.correlation_id),
                 ):
                     call_receiver(row.receiver, row.evt, row.ctx)
-            except (Exception, SystemExit) as error:
-                if connection_lost(error, alias):
+            except BaseException as error:  # whatever the receiver raised
+                if blame(error, alias) is Blame.OUTBOX:
                     raise
                 if not savepoints:
                     raise _Failed from error
+                if connections[alias].needs_rollback:  # its savepoint could not roll back
+                    raise _GroupLost from error  # (a receiver broke the connection): alone
                 outcome, written = write_failure(row.claim, row.receiver, error, now=now)
                 if not written:
                     raise _GroupLost from None

@@ -54,12 +54,8 @@ def lane_lease(lane: str | None) -> timedelta:
     ``LEASE_SECONDS``, never longer than ``LEASE_SECONDS``; each row's own lease is
     stamped when it runs (``renew``)."""
     default = conf.get().LEASE_SECONDS
-    only, never = lane_keys(lane)
-    receivers = [
-        r
-        for r in registry.receivers
-        if r.durable and (only is None or r.key in only) and r.key not in never
-    ]
+    only = lane_keys(lane)
+    receivers = [r for r in registry.receivers if r.durable and (only is None or r.key in only)]
     declared = {r.lease_seconds or default for r in receivers}
     seconds = declared.pop() if len(declared) == 1 else default
     return with_headroom(min(seconds, default))

@@ -14,17 +14,87 @@ The loop is asgiref's, not one of ours, because no public API sends a thread's
 ``async_to_sync`` calls to a loop that did not start that thread. When the body returns,
 the loop cancels what is left on it (a task a receiver left running) and closes, as
 ``asyncio.run`` does.
+
+A task a receiver leaves running may go on with async I/O for the relay's life (a
+shared client's background task), but it must not use the ORM once its receiver has
+returned: asgiref would run the query inside a later delivery's transaction, or hold it
+until the relay stops. ``refusing_detached`` makes such a query fail loudly instead,
+naming the receiver (``ReceiverCall``, carried by the task's context).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import TypeVar
+import contextlib
+import contextvars
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync, sync_to_async
+from django.db import connections
 
 T = TypeVar("T")
+
+logger = logging.getLogger("django_domain_events.relay")
+
+
+@dataclass(frozen=True)
+class ReceiverCall:
+    """One call of an ``async def`` receiver; ``returned`` once its coroutine is over.
+    Tasks it starts copy it with their context, so their queries can be traced to it."""
+
+    key: str
+    returned: list[bool] = field(default_factory=list)  # a flag the frozen call can set
+
+
+_CALL: contextvars.ContextVar[ReceiverCall | None] = contextvars.ContextVar(
+    "django_domain_events_receiver_call", default=None
+)
+
+
+def as_receiver_call(key: str, func: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """``func``, marking what runs in its context (the tasks it starts) as ``key``'s call."""
+
+    @functools.wraps(func)
+    async def call(*args: Any) -> T:
+        mine = ReceiverCall(key)
+        token = _CALL.set(mine)
+        try:
+            return await func(*args)
+        finally:
+            mine.returned.append(True)
+            _CALL.reset(token)  # asgiref copies the context back to the caller: not this
+
+    return call
+
+
+class DetachedTaskQuery(RuntimeError):
+    """A task an ``async def`` receiver left running used the database after it returned."""
+
+
+def _refuse_detached(execute: Callable[..., Any], sql: str, *args: Any) -> Any:
+    call = _CALL.get()
+    if call is not None and call.returned:
+        message = (
+            f"A task that receiver {call.key} started and left running on the relay's event "
+            "loop used the database after the receiver returned; the query was refused, as "
+            "it would run outside the delivery it belongs to. Await every task that uses "
+            "the ORM before the receiver returns (asyncio.gather, asyncio.TaskGroup)."
+        )
+        logger.error(message)
+        raise DetachedTaskQuery(message)
+    return execute(sql, *args)
+
+
+@contextlib.contextmanager
+def refusing_detached(alias: str) -> Iterator[None]:
+    """While it lasts, this thread's connection to ``alias`` refuses the queries of
+    tasks whose receiver has returned."""
+    with connections[alias].execute_wrapper(_refuse_detached):
+        yield
 
 
 def on_relay_loop(body: Callable[[asyncio.AbstractEventLoop], T]) -> T:

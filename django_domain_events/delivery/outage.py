@@ -1,4 +1,4 @@
-"""Which database errors waiting can fix.
+"""Which errors waiting can fix, and who pays for an error a receiver raised.
 
 A relay rides out an *outage*: the server restarting, the network gone, a deadlock or
 a lock timeout. It waits, reconnects and hands back what it held. Any other error (a
@@ -6,11 +6,18 @@ missing column, a value out of range, a programming error) would come back on ev
 retry, so the relay stops on it instead of spinning. When the type of an error does
 not settle it, a fresh connection decides: if the server cannot be reached, it is an
 outage (SQLite, a local file, is never out: only locked).
+
+An error a receiver raised is judged by ``blame``, the one place that decides it: the
+row pays (one failed attempt) unless the outbox's own database is out, seen from a
+fresh connection. A receiver's error on another database or service, or on a
+connection it broke itself while the database answers, is the row's: were it taken
+for an outage the row would never be charged, and so never end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
@@ -26,9 +33,25 @@ _MYSQL_TRANSIENT = {1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 2055, 
 
 _SQLITE_TRANSIENT = ("database is locked", "database table is locked", "disk i/o error")
 
-# Of those, the ones that mean the connection itself is gone.
-_PG_LOST = ("08", "57P01", "57P02", "57P03")
-_MYSQL_LOST = {1053, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
+
+class Blame(enum.Enum):
+    """Who pays for an error that ended an attempt (see ``blame``)."""
+
+    ATTEMPT = "attempt"  # the row: one failed attempt, recorded as decide() rules
+    OUTBOX = "outbox"  # the outbox's database is out: hand the row back, uncharged, wait
+
+
+def blame(error: BaseException, alias: str) -> Blame:
+    """Who pays for ``error``, raised while a receiver ran on a row of database ``alias``.
+
+    ``OUTBOX`` only when the outbox's own connection is broken and a fresh connection
+    cannot reach the database either; every other error is the row's failed attempt.
+    """
+    if not isinstance(error, DatabaseError | InterfaceError):
+        return Blame.ATTEMPT
+    if _usable(alias) or _reachable(alias):
+        return Blame.ATTEMPT
+    return Blame.OUTBOX
 
 
 def is_outage(error: BaseException, alias: str) -> bool:
@@ -39,28 +62,6 @@ def is_outage(error: BaseException, alias: str) -> bool:
     if isinstance(error, InterfaceError) or _transient(error, vendor):
         return True
     return vendor != "sqlite" and not _reachable(alias)  # a local file is always there
-
-
-def connection_lost(error: BaseException, alias: str) -> bool:
-    """Whether ``error`` came with the loss of the connection to ``alias`` itself: a
-    receiver that fails so did not fail, the database went away under it."""
-    if isinstance(error, InterfaceError):
-        return True
-    if not isinstance(error, DatabaseError):
-        return False
-    connection = connections[alias]
-    if connection.connection is None:  # closed by Django: its rollback failed
-        return True
-    cause = error.__cause__ or error
-    if connection.vendor == "postgresql":
-        code = getattr(cause, "sqlstate", None)
-        if code is None:
-            return isinstance(error, OperationalError)
-        return code.startswith(_PG_LOST)
-    if connection.vendor == "mysql":
-        args: tuple[object, ...] = getattr(cause, "args", ())
-        return bool(args) and args[0] in _MYSQL_LOST
-    return False
 
 
 def _transient(error: DatabaseError, vendor: str) -> bool:
@@ -76,6 +77,17 @@ def _transient(error: DatabaseError, vendor: str) -> bool:
     if vendor == "sqlite":
         return any(text in str(cause).lower() for text in _SQLITE_TRANSIENT)
     return isinstance(error, OperationalError)
+
+
+def _usable(alias: str) -> bool:
+    """Whether the outbox's own connection is open and answers a query."""
+    connection = connections[alias]
+    if connection.connection is None:  # closed by Django: its rollback failed
+        return False
+    try:
+        return bool(connection.is_usable())
+    except Exception:
+        return False
 
 
 def _reachable(alias: str) -> bool:

@@ -30,6 +30,7 @@ from django.db import DatabaseError, close_old_connections, connections
 from .. import clock
 from .claim import Claim, claim_batch, database_alias, release
 from .lease import lane_lease
+from .loop import refusing_detached
 from .outage import is_outage
 from .passes import Pass, Result, batch_size_of, run_one
 
@@ -128,23 +129,27 @@ class LaneWorkers:
 
     def _work(self) -> None:
         try:
-            while (claim := self._todo.get()) is not None:
-                # As Django's request cycle does: a connection past CONN_MAX_AGE, or one
-                # that broke (CONN_HEALTH_CHECKS), is closed and the row opens a new one.
-                close_old_connections()
-                with self._lock:
-                    self._running[claim.id] = claim
-                try:
-                    done = Done(self.lane, claim, result=self._run(claim))
-                except BaseException as error:  # for the relay to judge: outage or halt
-                    done = Done(self.lane, claim, error=error)
-                self._done.put(done)
-                with self._lock:
-                    self._busy -= 1
-                    self._running.pop(claim.id, None)
-                self._wake.set()
+            with refusing_detached(database_alias()):
+                self._serve()
         finally:
             connections.close_all()
+
+    def _serve(self) -> None:
+        while (claim := self._todo.get()) is not None:
+            # As Django's request cycle does: a connection past CONN_MAX_AGE, or one
+            # that broke (CONN_HEALTH_CHECKS), is closed and the row opens a new one.
+            close_old_connections()
+            with self._lock:
+                self._running[claim.id] = claim
+            try:
+                done = Done(self.lane, claim, result=self._run(claim))
+            except BaseException as error:  # for the relay to judge: outage or halt
+                done = Done(self.lane, claim, error=error)
+            self._done.put(done)
+            with self._lock:
+                self._busy -= 1
+                self._running.pop(claim.id, None)
+            self._wake.set()
 
 
 class Pools:

@@ -34,7 +34,7 @@ from ..declare import registry
 from ..models import DeliveryStatus, LanePauseRecord
 from ..retention import prune_events
 from .claim import database_alias, release
-from .loop import on_relay_loop
+from .loop import on_relay_loop, refusing_detached
 from .outage import is_outage
 from .passes import (
     Counts,
@@ -225,21 +225,23 @@ def run_relay(
         _log_start(state.worker_id, lanes, slots, alias, on_main_thread)
         try:
             sizes = lane_batch_sizes or {}
-            on_relay_loop(
-                functools.partial(
-                    _loop,
-                    state,
-                    lanes,
-                    slots,
-                    passes,
-                    batch_size,
-                    sizes,
-                    limit,
-                    prune,
-                    once,
-                    timeout,
+            # Until the loop closes: a task a receiver left may run its query at the end.
+            with refusing_detached(alias):
+                on_relay_loop(
+                    functools.partial(
+                        _loop,
+                        state,
+                        lanes,
+                        slots,
+                        passes,
+                        batch_size,
+                        sizes,
+                        limit,
+                        prune,
+                        once,
+                        timeout,
+                    )
                 )
-            )
         finally:
             if on_main_thread:
                 signals.restore()

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils.module_loading import import_string
 
 from .. import clock, conf, signals, tally, tracing
@@ -33,9 +34,18 @@ from ..codec import PayloadDecodeError, PayloadUpgradeFailed
 from ..declare import RegisteredReceiver, registry
 from ..models import TERMINAL_VALUES, DeliveryRecord, DeliveryStatus
 from ..scope import caused_by
-from .claim import Claim, compare_and_set, database_alias, event_payload, parse_json
+from .claim import (
+    Claim,
+    compare_and_set,
+    database_alias,
+    event_payload,
+    may_orphan,
+    parse_json,
+    release,
+)
 from .lease import kept_alive, receiver_lease, renew
-from .outage import connection_lost
+from .loop import as_receiver_call
+from .outage import Blame, blame, is_outage
 from .outcomes import (
     DeliveryContext,
     DeliveryFailure,
@@ -60,7 +70,7 @@ def call_receiver(receiver: RegisteredReceiver, evt: Any, ctx: DeliveryContext) 
     """
     func: Callable[..., Any] = receiver.func
     if receiver.is_async:
-        func = async_to_sync(func)
+        func = async_to_sync(as_receiver_call(receiver.key, func))
     result = func(evt, ctx) if receiver.takes_context else func(evt)
     refuse_awaitable(
         result,
@@ -202,6 +212,8 @@ def prepare(
     ``Ready``, its lease renewed and its event decoded."""
     receiver = registry.receiver(claim.receiver_key)
     if receiver is None or not receiver.durable:
+        if not may_orphan(claim.receiver_key, claim.due_at, now):
+            return _leave_to_another_release(claim)
         return _settle_unrun(
             alias,
             claim,
@@ -226,14 +238,45 @@ def prepare(
         return None, None
     try:
         evt, scope = _read(held, decoded)
-    except ImproperlyConfigured:
-        raise  # the codec cannot be loaded: nothing about this row is wrong
-    except Exception as error:  # any row that cannot become the event: dead, unrun
+    except _UNREADABLE as error:  # a row that cannot become the event: dead, unrun
         reason = describe_error(error)
         if not isinstance(error, LookupError | PayloadDecodeError | PayloadUpgradeFailed):
             reason = f"the payload could not be decoded into {claim.event_name}: {reason}"
         return _settle_unrun(alias, held, DeliveryStatus.DEAD, reason, receiver)
+    except ImproperlyConfigured:
+        raise  # the codec cannot be loaded: nothing about this row is wrong
+    except Exception as error:  # reading failed: an outage, else one failed attempt
+        if isinstance(error, DatabaseError) and is_outage(error, alias):
+            raise
+        return record_failure(held, receiver, error, now=now)
     return Ready(held, receiver, lease, evt, context_for(held, scope))
+
+
+# What a payload that cannot become its event raises: the JSON parse, the codec, the
+# event's upgrade(), an event no longer declared or gone from the log. Permanent, so
+# the row is dead at once; anything else (a database error while reading) is not.
+_UNREADABLE = (
+    ValueError,
+    TypeError,
+    LookupError,
+    AttributeError,
+    RecursionError,
+    PayloadUpgradeFailed,
+)
+
+
+def _leave_to_another_release(claim: Claim) -> Attempted:
+    """Hand back, unrun and uncharged, a row of a receiver this process does not declare,
+    still inside ``ORPHAN_AFTER_SECONDS``: a relay of another release may run it."""
+    release([claim])
+    logger.info(
+        "Delivery %s to %s: the receiver is not declared by this relay; left owed for a "
+        "relay that declares it (orphaned after ORPHAN_AFTER_SECONDS).",
+        claim.id,
+        claim.receiver_key,
+        extra=log_fields(claim),
+    )
+    return None, None
 
 
 def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = None) -> Attempted:
@@ -263,7 +306,7 @@ def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = Non
                     caused_by(claim.event_id, claim.correlation_id),
                 ):
                     call_receiver(receiver, ready.evt, ready.ctx)
-            except (Exception, SystemExit) as error:  # a receiver calling sys.exit() too
+            except BaseException as error:  # CancelledError, sys.exit(), KeyboardInterrupt too
                 failure = error
                 raise
             if not acknowledge(alias, claim):
@@ -271,14 +314,27 @@ def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = Non
     except _LeaseLost:
         _warn_lease_lost(claim, ran=True)
         return None, None
-    except (Exception, SystemExit) as error:
-        if failure is None or connection_lost(error, alias):
-            # The acknowledgement itself failed, or the database went away under the
-            # receiver: not the receiver's failure, and nothing is charged for it.
+    except BaseException as error:
+        if failure is None or blame(error, alias) is Blame.OUTBOX:
+            # The acknowledgement itself failed, or the outbox's database went away under
+            # the receiver: not the receiver's failure, and nothing is charged for it.
             raise
-        return record_failure(claim, receiver, failure, now=now, timing=timing.stop())
+        result = record_failure(claim, receiver, failure, now=now, timing=timing.stop())
+        stop_if_interrupted(failure)
+        return result
     report_success(claim, timing.stop())
     return DeliveryStatus.SUCCEEDED, None
+
+
+def stop_if_interrupted(error: BaseException) -> None:
+    """Re-raise a ``KeyboardInterrupt`` that Ctrl-C may have sent, once its attempt is
+    recorded: where Python's own SIGINT handler is in place (``deliver_pending`` in a
+    shell), it may be the user's; a relay handles SIGINT itself, so there one raised
+    inside a receiver is the receiver's, and only its attempt."""
+    if isinstance(error, KeyboardInterrupt) and (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        raise error
 
 
 def _read(claim: Claim, decoded: dict[int, Any] | None) -> tuple[Any, dict[str, Any]]:

@@ -150,3 +150,48 @@ async def log_run_async(evt: object, ctx: DeliveryContext) -> None:
 
 def declare_async_run_logger() -> None:
     receiver(Pinged, key=ASYNC_RUN_LOG_KEY, takes_context=True)(log_run_async)
+
+
+# Receivers that fail in ways outside a plain exception (issue 19, items 3, 6 and 6b).
+CANCELLED_KEY = "tests.cancelled"
+KILLS_CONNECTION_KEY = "tests.kills_connection"
+DOWN_DATABASE_KEY = "tests.down_database"
+DOWN_ALIAS = "down"  # tests.settings adds it when DDE_DOWN_ALIAS is set
+FAULTY = {"max_attempts": 2, "backoff_base_seconds": 0.05, "backoff_cap_seconds": 0.05}
+
+
+async def cancelled(evt: object) -> None:
+    """Await a task cancelled elsewhere: ``asyncio.CancelledError``, a ``BaseException``."""
+    task = asyncio.get_running_loop().create_task(asyncio.sleep(10))
+    task.cancel()
+    await task
+
+
+def kill_own_connection(evt: object) -> None:
+    """End this receiver's own connection to the outbox's database, from inside."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        elif connection.vendor == "mysql":
+            cursor.execute("KILL CONNECTION_ID()")
+        else:  # SQLite has no server: close the file under the open transaction
+            connection.connection.close()
+            cursor.execute("SELECT 1")
+
+
+def query_down_database(evt: object) -> None:
+    """Query a second database whose server is down."""
+    from django.db import connections
+
+    with connections[DOWN_ALIAS].cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+def declare_faulty() -> None:
+    """On OrderPlaced: an async receiver raising CancelledError, one killing its own
+    connection, one querying a database that is down; each dead after 2 attempts."""
+    receiver(OrderPlaced, key=CANCELLED_KEY, **FAULTY)(cancelled)
+    receiver(OrderPlaced, key=KILLS_CONNECTION_KEY, **FAULTY)(kill_own_connection)
+    receiver(OrderPlaced, key=DOWN_DATABASE_KEY, **FAULTY)(query_down_database)

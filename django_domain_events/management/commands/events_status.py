@@ -84,6 +84,7 @@ class Command(OutboxCommand):
             write(
                 f"receiver {row.key}: owed={row.owed} scheduled={row.scheduled} "
                 f"claimed={row.claimed} dead={row.dead} oldest={age(row.oldest_owed_at, now)}"
+                f"{'' if row.declared else ' (not declared by this relay)'}"
             )
         for status in health.schedules:
             write(_schedule_line(status, aware(now)))
