@@ -159,3 +159,53 @@ def test_an_unreachable_broker_charges_nothing_logs_once_and_other_lanes_go_on(t
     outages = [r for r in caplog.records if "unreachable" in r.getMessage()]
     assert len(outages) == 1
     assert "handed back uncharged" in outages[0].getMessage()
+
+
+def spoil(transport: str, url: str, to: str) -> str:
+    """Make the broker refuse what is sent to ``to``; returns words of its reason."""
+    import asyncio
+
+    if transport == "redis":
+        import redis
+
+        redis.Redis.from_url(url).set(to, "not a stream")
+        return "WRONGTYPE"
+    if transport == "rabbitmq":
+        import aio_pika
+
+        async def fanout() -> None:
+            connection = await aio_pika.connect(url)
+            async with connection:
+                channel = await connection.channel()
+                await channel.exchange_delete(to)
+                await channel.declare_exchange(to, aio_pika.ExchangeType.FANOUT, durable=True)
+
+        asyncio.run(fanout())
+        return "PRECONDITION_FAILED"
+    return "payload"  # NATS: the message is larger than the server's max_payload
+
+
+def test_a_refused_message_is_a_failed_attempt_with_the_reason_and_the_rest_go(broker):
+    transport, url, to = broker
+    spoiled = brokers.new_destination()
+    brokers.prepare(transport, url, spoiled)
+    reason = spoil(transport, url, spoiled)
+    try:
+        publish(OrderPlaced, to=to)
+        publish(Pinged, to=spoiled, max_attempts=2)
+        with transaction.atomic():
+            good = fire(OrderPlaced(order_id=1))
+            labels = ["x" * 1024] * 1200 if transport == "nats" else []
+            bad = fire(Pinged(n=1, labels=labels))
+            good_after = fire(OrderPlaced(order_id=2))
+
+        deliver_pending(ignore_backoff=False)
+
+        refused = DeliveryRecord.objects.get(event_id=bad)
+        assert (refused.status, refused.attempts) == ("failed", 1)
+        assert reason in refused.last_error
+        sent = DeliveryRecord.objects.filter(event_id__in=[good, good_after])
+        assert {r.status for r in sent} == {"succeeded"}
+        assert len(brokers.read(transport, url, to)) == 2
+    finally:
+        brokers.remove(transport, url, spoiled)

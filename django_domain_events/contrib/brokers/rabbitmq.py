@@ -58,9 +58,11 @@ class Publisher:
 
     async def publish(self, messages: Sequence[Outgoing]) -> Confirmations:
         try:
-            sends = [await self._send(message) for message in messages]
-        except Exception as error:  # the declaration refused, or the connection broke
+            for to in dict.fromkeys(message.to for message in messages):
+                await self._exchange(to)
+        except Exception as error:  # a declaration refused, or the connection broke
             return await self._one_by_one(messages, error)
+        sends = [self._send(message) for message in messages]
         replies = await asyncio.gather(*sends, return_exceptions=True)
         results: Confirmations = [self._result(reply) for reply in replies]
         if all(result is None for result in results):
@@ -83,7 +85,7 @@ class Publisher:
             message_id=amqp.message_id,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
-        return exchange.publish(
+        return await exchange.publish(
             body,
             routing_key=message.envelope.type,
             mandatory=False,
@@ -110,7 +112,7 @@ class Publisher:
             try:
                 if self.channel is None or self.channel.is_closed:
                     await self._open_channel()
-                await (await self._send(message))
+                await self._send(message)
                 results.append(None)
             except (ChannelClosed, aio_pika.exceptions.DeliveryError) as refused:
                 results.append(Refused(f"RabbitMQ refused it: {refused}"))
