@@ -113,7 +113,7 @@ async def _nats_read(url: str, to: str) -> list[tuple[str, Envelope]]:
         while True:
             try:
                 batch = await sub.fetch(1000, timeout=1)
-            except NatsTimeout:
+            except (NatsTimeout, TimeoutError):
                 return found
             for msg in batch:
                 found.append((msg.subject, envelope.from_nats(msg.headers, msg.data)))

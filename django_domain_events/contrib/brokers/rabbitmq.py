@@ -67,7 +67,7 @@ class Publisher:
         results: Confirmations = [self._result(reply) for reply in replies]
         if all(result is None for result in results):
             return results
-        if self._broken():
+        if self._broken() or any(isinstance(r, BrokerDown) for r in results):
             return [BrokerDown("the connection broke") if r else r for r in results]
         if self.channel.is_closed:  # a refusal closed the channel: find which message
             failed = [m for m, r in zip(messages, results, strict=True) if r is not None]
@@ -95,6 +95,8 @@ class Publisher:
     def _result(self, reply: Any) -> BaseException | None:
         if not isinstance(reply, BaseException):
             return None
+        if self._down(reply):
+            return BrokerDown(f"the connection broke: {type(reply).__name__}: {reply}")
         if isinstance(reply, asyncio.TimeoutError):
             return Refused(f"no confirm within {self.config.confirm_timeout}s")
         return Refused(f"RabbitMQ refused it: {type(reply).__name__}: {reply}")
@@ -114,18 +116,27 @@ class Publisher:
                     await self._open_channel()
                 await self._send(message)
                 results.append(None)
-            except (ChannelClosed, aio_pika.exceptions.DeliveryError) as refused:
-                results.append(Refused(f"RabbitMQ refused it: {refused}"))
             except Exception as other:
                 error = other
-                if self._broken():
+                if self._down(other):
                     results.append(BrokerDown(f"{type(other).__name__}: {other}"))
                 else:
                     results.append(Refused(f"RabbitMQ refused it: {other}"))
         return results
 
+    def _down(self, error: BaseException) -> bool:
+        """Whether ``error`` came from the broker going away rather than from a refusal."""
+        if isinstance(error, _DOWN) or self._broken():
+            return True
+        return isinstance(error, ChannelClosed) and "CONNECTION_FORCED" in str(error)
+
     def _broken(self) -> bool:
-        return self.connection is None or self.connection.is_closed
+        """Whether the connection is gone (aio-pika may learn it after aiormq does)."""
+        connection = self.connection
+        if connection is None or connection.is_closed:
+            return True
+        underlay = getattr(connection, "transport", None)  # aio-pika's UnderlayConnection
+        return underlay is None or underlay.connection.is_closed
 
     async def close(self) -> None:
         connection, self.connection, self.channel = self.connection, None, None
