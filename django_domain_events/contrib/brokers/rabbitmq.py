@@ -125,7 +125,11 @@ class Publisher:
         return results
 
     def _down(self, error: BaseException) -> bool:
-        """Whether ``error`` came from the broker going away rather than from a refusal."""
+        """Whether ``error`` came from the broker going away rather than from a refusal
+        (a confirm that timed out is the message's failure, though TimeoutError is an
+        OSError)."""
+        if isinstance(error, TimeoutError) and not self._broken():
+            return False
         if isinstance(error, _DOWN) or self._broken():
             return True
         return isinstance(error, ChannelClosed) and "CONNECTION_FORCED" in str(error)
