@@ -95,6 +95,19 @@ psycopg.connect(
 PY
 }
 
+# --------------------------------------------------------------- brokers
+# The broker tests (tests/test_brokers*.py) publish to the machine's RabbitMQ (5672),
+# NATS JetStream (4222) and Redis (6379): skipped where one is down, but under CI=true
+# a broker that cannot be reached fails them (tests/brokers.py), and is reported here.
+if [ "$CI" = "true" ]; then
+    for broker in RabbitMQ:5672 NATS:4222 Redis:6379; do
+        if ! timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/${broker#*:}" 2>/dev/null; then
+            echo "ERROR: ${broker%%:*} is required under CI but is not reachable at 127.0.0.1:${broker#*:}"
+            failed+=("${broker%%:*} is required under CI (not reachable)")
+        fi
+    done
+fi
+
 # ---------------------------------------------------------------- SQLite
 suite sqlite DDE_TEST_DB=sqlite
 suite sqlite-no-tz DDE_TEST_DB=sqlite DDE_TEST_USE_TZ=false
