@@ -11,7 +11,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 
 from django_domain_events import (
@@ -279,3 +279,28 @@ def test_publishing_resumes_soon_after_the_broker_returns(caplog):
     assert sum("unreachable" in m for m in messages) == 1
     assert sum("reachable again" in m for m in messages) == 1
     print(f"publishing resumed {resumed_after:.2f}s after the broker came back")
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite runs one delivery at a time")
+def test_a_concurrent_relay_publishes_row_by_row_and_still_charges_no_outage(broker):
+    """With --concurrency above 1 a relay's workers run rows one at a time: each a batch
+    of one, with the same acknowledgement and outage rules."""
+    from django_domain_events.delivery.relay import run_relay
+
+    transport, url, to = broker
+    publish(OrderPlaced, to=to)
+    fire_orders(*range(12))
+
+    run_relay(once=True, concurrency=4, prune=None)
+
+    assert set(DeliveryRecord.objects.values_list("status", flat=True)) == {"succeeded"}
+    assert len({env.id for _, env in brokers.read(transport, url, to)}) == 12
+    with override_settings(
+        DJANGO_DOMAIN_EVENTS={"BROKERS": {"default": {"URL": UNREACHABLE[transport]}}}
+    ):
+        publish(OrderPlaced, to="nowhere")
+        fire_orders(99)
+        run_relay(passes=2, concurrency=4, prune=None)
+        close_all()
+    owed = DeliveryRecord.objects.get(receiver_key__contains=":nowhere:")
+    assert (owed.status, owed.attempts) == ("pending", 0)
