@@ -36,10 +36,11 @@ class Publisher:
         self.exchanges: dict[str, Any] = {}
 
     async def connect(self) -> None:
+        # Made here rather than by aio_pika.connect(), so that a connection that failed
+        # is closed by us, not left to a __del__ that cannot reach the loop.
+        self.connection = aio_pika.Connection(aio_pika.connection.make_url(self.config.url))
         try:
-            self.connection = await aio_pika.connect(
-                self.config.url, timeout=self.config.connect_timeout
-            )
+            await self.connection.connect(timeout=self.config.connect_timeout)
             await self._open_channel()
         except (TimeoutError, *_DOWN) as error:
             await self.close()
