@@ -12,7 +12,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,celery,prometheus,opentelemetry
+EXTRAS := dev,celery,prometheus,opentelemetry,rabbitmq,nats,redis
 
 # Extra arguments for every pytest run, e.g. make test PYTEST_ARGS="-k relay -x"
 PYTEST_ARGS ?=
@@ -79,7 +79,7 @@ DJANGO_DJ6 ?= Django>=6,<7
 $(STAMP_DJ6): pyproject.toml
 	test -x $(VENV_DJ6)/bin/python || $(PYTHON_DJ6) -m venv $(VENV_DJ6)
 	$(VENV_DJ6)/bin/python -m pip install --upgrade pip
-	$(VENV_DJ6)/bin/python -m pip install -e '.[test,postgres-binary,celery,prometheus]' \
+	$(VENV_DJ6)/bin/python -m pip install -e '.[test,postgres-binary,celery,prometheus,rabbitmq,nats,redis]' \
 		'$(DJANGO_DJ6)' django-tasks-db
 	touch $@
 

@@ -1,0 +1,321 @@
+"""publish(): events reach the machine's real RabbitMQ, NATS JetStream and Redis as
+CloudEvents, and a row is acknowledged only for what the broker confirmed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+
+from django_domain_events import (
+    DeliveryStatus,
+    caused_by,
+    clock,
+    deliver_one,
+    deliver_pending,
+    fire,
+    receiver,
+    tracing,
+)
+from django_domain_events.contrib.brokers import publish
+from django_domain_events.contrib.brokers.links import close_all
+from django_domain_events.models import DeliveryRecord, EventRecord
+from tests import brokers
+from tests.app.events import OrderPlaced, Pinged
+from tests.app.models import Delivered
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(params=brokers.TRANSPORTS)
+def broker(request):
+    """(transport, url, destination) on a configured ``default`` broker; cleaned after."""
+    transport = request.param
+    url = brokers.require(transport)
+    to = brokers.new_destination()
+    brokers.prepare(transport, url, to)
+    with override_settings(
+        DJANGO_DOMAIN_EVENTS={"BROKERS": {"default": {"URL": url}}, "EVENT_SOURCE": "shop"}
+    ):
+        yield transport, url, to
+        close_all()
+    brokers.remove(transport, url, to)
+
+
+def fire_orders(*order_ids: int) -> list[int]:
+    with transaction.atomic():
+        return [fire(OrderPlaced(order_id=n, total=Decimal("9.50"))) for n in order_ids]
+
+
+def test_each_event_reaches_the_destination_as_a_cloudevent(broker):
+    transport, url, to = broker
+    publish(OrderPlaced, to=to, key=lambda evt: f"order-{evt.order_id}")
+    event_ids = fire_orders(1, 2, 3)
+
+    counts = deliver_pending()
+
+    assert counts[DeliveryStatus.SUCCEEDED] == 3
+    rows = {r.event_id: r for r in DeliveryRecord.objects.filter(event_id__in=event_ids)}
+    assert {r.status for r in rows.values()} == {"succeeded"}
+    found = brokers.read(transport, url, to)
+    assert [env.id for _, env in found] == [f"{e}.{rows[e].pk}" for e in event_ids]
+    where, first = found[0]
+    event = EventRecord.objects.get(pk=event_ids[0])
+    assert first.attributes == {
+        "specversion": "1.0",
+        "id": f"{event.pk}.{rows[event.pk].pk}",
+        "source": "shop",
+        "type": event.name,
+        "time": first.attributes["time"],
+        "datacontenttype": "application/json",
+        "payloadversion": "1",
+        "correlationid": event.correlation_id,
+        "partitionkey": "order-1",
+    }
+    assert first.attributes["time"].endswith("Z")
+    assert first.payload() == {"order_id": 1, "total": "9.50", "tags": []}
+    assert json.loads(first.data) == event.payload
+    if transport == "rabbitmq":
+        assert where == event.name
+    elif transport == "nats":
+        assert where == f"{to}.{event.name}"
+
+
+def test_causation_and_the_stored_trace_context_travel_as_extensions(broker):
+    transport, url, to = broker
+    publish(Pinged, to=to)
+    stored = '{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",'
+    stored += '"tracestate":"congo=t61rcWkgMzE"}'
+    tracing.install(lambda: stored, lambda ctx: contextlib.nullcontext())
+    try:
+        with transaction.atomic():
+            cause = fire(Pinged(n=1))
+            with caused_by(cause):
+                fire(Pinged(n=2))
+    finally:
+        tracing.uninstall()
+    deliver_pending()
+
+    root, child = (env for _, env in brokers.read(transport, url, to))
+    assert root.get("causationid") is None
+    assert child.get("causationid") == str(cause)
+    assert child.get("correlationid") == root.get("correlationid")
+    assert child.get("traceparent") == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert child.get("tracestate") == "congo=t61rcWkgMzE"
+
+
+def test_publish_and_a_receiver_of_the_same_event_both_run(broker):
+    transport, url, to = broker
+    publish(OrderPlaced, to=to, lane="brokers")
+
+    @receiver(OrderPlaced, key="tests.record_order")
+    def record(evt):
+        Delivered.objects.create(receiver_key="record", event_id=evt.order_id)
+
+    fire_orders(7)
+    deliver_pending()
+
+    assert Delivered.objects.filter(receiver_key="record").count() == 1
+    assert len(brokers.read(transport, url, to)) == 1
+
+
+def test_deliver_one_publishes_the_row_alone(broker):
+    transport, url, to = broker
+    publish(Pinged, to=to, ttl=timedelta(hours=1))
+    with transaction.atomic():
+        event_id = fire(Pinged(n=5))
+    row = DeliveryRecord.objects.get(event_id=event_id)
+
+    assert deliver_one(row.pk) == DeliveryStatus.SUCCEEDED
+
+    ((_, env),) = brokers.read(transport, url, to)
+    assert env.id == f"{event_id}.{row.pk}"
+    assert env.get("expirytime", "").endswith("Z")
+
+
+def test_the_id_is_the_same_when_a_message_is_sent_again(broker):
+    transport, url, to = broker
+    publish(OrderPlaced, to=to)
+    (event_id,) = fire_orders(4)
+    deliver_pending()
+    row = DeliveryRecord.objects.get(event_id=event_id)
+    # as a relay killed between the broker's confirm and its commit leaves it
+    DeliveryRecord.objects.filter(pk=row.pk).update(status="pending", available_at=clock.now())
+
+    deliver_pending()
+
+    ids = [env.id for _, env in brokers.read(transport, url, to)]
+    if transport == "nats":  # JetStream drops the resend itself (Nats-Msg-Id)
+        assert ids == [f"{event_id}.{row.pk}"]
+    else:
+        assert ids == [f"{event_id}.{row.pk}"] * 2
+
+
+UNREACHABLE = {
+    "rabbitmq": "amqp://guest:guest@127.0.0.1:1/%2F",
+    "nats": "nats://127.0.0.1:1",
+    "redis": "redis://127.0.0.1:1/0",
+}
+
+
+@pytest.mark.parametrize("transport", brokers.TRANSPORTS)
+def test_an_unreachable_broker_charges_nothing_logs_once_and_other_lanes_go_on(transport, caplog):
+    with override_settings(
+        DJANGO_DOMAIN_EVENTS={
+            "BROKERS": {"default": {"URL": UNREACHABLE[transport], "RETRY_CONNECT_SECONDS": 0.05}}
+        }
+    ):
+        publish(OrderPlaced, to="nowhere", lane="brokers")
+
+        @receiver(OrderPlaced, key="tests.record_order")
+        def record(evt):
+            Delivered.objects.create(receiver_key="record", event_id=evt.order_id)
+
+        fire_orders(1, 2)
+        with caplog.at_level(logging.WARNING, logger="django_domain_events.brokers"):
+            for _ in range(3):
+                deliver_pending()
+                time.sleep(0.06)
+        close_all()
+
+    assert Delivered.objects.filter(receiver_key="record").count() == 2
+    published = DeliveryRecord.objects.filter(
+        receiver_key="brokers:default:nowhere:testapp.OrderPlaced"
+    )
+    assert published.count() == 2
+    assert {(r.status, r.attempts, r.last_error) for r in published} == {("pending", 0, "")}
+    outages = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(outages) == 1
+    assert "handed back uncharged" in outages[0].getMessage()
+
+
+def spoil(transport: str, url: str, to: str) -> str:
+    """Make the broker refuse what is sent to ``to``; returns words of its reason."""
+    import asyncio
+
+    if transport == "redis":
+        import redis
+
+        redis.Redis.from_url(url).set(to, "not a stream")
+        return "WRONGTYPE"
+    if transport == "rabbitmq":
+        import aio_pika
+
+        async def fanout() -> None:
+            connection = await aio_pika.connect(url)
+            async with connection:
+                channel = await connection.channel()
+                await channel.exchange_delete(to)
+                await channel.declare_exchange(to, aio_pika.ExchangeType.FANOUT, durable=True)
+
+        asyncio.run(fanout())
+        return "PRECONDITION_FAILED"
+    return "payload"  # NATS: the message is larger than the server's max_payload
+
+
+def test_a_refused_message_is_a_failed_attempt_with_the_reason_and_the_rest_go(broker):
+    transport, url, to = broker
+    spoiled = brokers.new_destination()
+    brokers.prepare(transport, url, spoiled)
+    reason = spoil(transport, url, spoiled)
+    try:
+        publish(OrderPlaced, to=to)
+        publish(Pinged, to=spoiled, max_attempts=2)
+        with transaction.atomic():
+            good = fire(OrderPlaced(order_id=1))
+            labels = ["x" * 1024] * 1200 if transport == "nats" else []
+            bad = fire(Pinged(n=1, labels=labels))
+            good_after = fire(OrderPlaced(order_id=2))
+
+        deliver_pending(ignore_backoff=False)
+
+        refused = DeliveryRecord.objects.get(event_id=bad)
+        assert (refused.status, refused.attempts) == ("failed", 1)
+        assert reason in refused.last_error
+        sent = DeliveryRecord.objects.filter(event_id__in=[good, good_after])
+        assert {r.status for r in sent} == {"succeeded"}
+        assert len(brokers.read(transport, url, to)) == 2
+    finally:
+        brokers.remove(transport, url, spoiled)
+
+
+def test_publishing_resumes_soon_after_the_broker_returns(caplog):
+    """A relay's passes while the broker is down hand the rows back; once it is back, the
+    next pass after the probe interval publishes them (the issue asks for ~2 s)."""
+    from tests.broker_servers import RedisServer
+
+    server = RedisServer()
+    if not server.available():
+        pytest.skip("no redis-server binary")
+    setting = {"BROKERS": {"default": {"URL": server.url, "RETRY_CONNECT_SECONDS": 0.5}}}
+    to = brokers.new_destination()  # the server keeps its data between runs
+    with override_settings(DJANGO_DOMAIN_EVENTS=setting):
+        publish(OrderPlaced, to=to)
+        fire_orders(1, 2, 3)
+        with caplog.at_level(logging.WARNING, logger="django_domain_events.brokers"):
+            deliver_pending()  # down: handed back
+            server.start()
+            try:
+                back = time.monotonic()
+                while DeliveryRecord.objects.filter(status="succeeded").count() < 3:
+                    assert time.monotonic() - back < 30, "publishing did not resume"
+                    deliver_pending()
+                    time.sleep(0.05)  # a relay's idle wait, shortened
+                resumed_after = time.monotonic() - back
+                found = brokers.read("redis", server.url, to)
+            finally:
+                close_all()
+                server.stop()
+    assert len(found) == 3
+    assert {r.attempts for r in DeliveryRecord.objects.all()} == {1}  # the outage cost none
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("unreachable" in m for m in messages) == 1
+    assert sum("reachable again" in m for m in messages) == 1
+    print(f"publishing resumed {resumed_after:.2f}s after the broker came back")
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite runs one delivery at a time")
+def test_a_concurrent_relay_publishes_row_by_row_and_still_charges_no_outage(broker):
+    """With --concurrency above 1 a relay's workers run rows one at a time: each a batch
+    of one, with the same acknowledgement and outage rules."""
+    from django_domain_events.delivery.relay import run_relay
+
+    transport, url, to = broker
+    publish(OrderPlaced, to=to)
+    fire_orders(*range(12))
+
+    run_relay(once=True, concurrency=4, prune=None)
+
+    assert set(DeliveryRecord.objects.values_list("status", flat=True)) == {"succeeded"}
+    assert len({env.id for _, env in brokers.read(transport, url, to)}) == 12
+    with override_settings(
+        DJANGO_DOMAIN_EVENTS={"BROKERS": {"default": {"URL": UNREACHABLE[transport]}}}
+    ):
+        publish(OrderPlaced, to="nowhere")
+        fire_orders(99)
+        run_relay(passes=2, concurrency=4, prune=None)
+        close_all()
+    owed = DeliveryRecord.objects.get(receiver_key__contains=":nowhere:")
+    assert (owed.status, owed.attempts) == ("pending", 0)
+
+
+def test_one_relay_sends_the_events_of_a_key_in_event_order(broker):
+    transport, url, to = broker
+    publish(OrderPlaced, to=to, key=lambda evt: f"customer-{evt.order_id % 3}")
+    with transaction.atomic():
+        for n in range(300):
+            fire(OrderPlaced(order_id=n))
+
+    deliver_pending(batch_size=120)
+
+    found = [env for _, env in brokers.read(transport, url, to)]
+    for key in ("customer-0", "customer-1", "customer-2"):
+        orders = [env.payload()["order_id"] for env in found if env.get("partitionkey") == key]
+        assert orders == sorted(orders) and len(orders) == 100
