@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -70,84 +71,132 @@ _DOTTED_PATHS = ("CODEC",)
 _OPTIONAL_DOTTED_PATHS = ("AROUND_DELIVERY",)
 
 
+MAX_BATCH_SIZE = 10_000  # rows one claim may take; larger batches only hold leases longer
+MAX_CONCURRENCY = 256  # rows one relay runs at once per lane, each on its own connection
+_CAPS = {"BATCH_SIZE": MAX_BATCH_SIZE, "CONCURRENCY": MAX_CONCURRENCY}
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def count_problem(what: str, value: object, most: int) -> str | None:
+    """Why ``value`` is not a whole number from 1 to ``most``, or None when it is.
+
+    The one rule for a batch size and a concurrency, whether a setting, a relay's
+    argument or a command's option gives it.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        return f"{what} must be a whole number from 1 to {most}, not {value!r}."
+    return None
 
 
 def problems(raw: object) -> list[str]:
     """Every reason ``raw`` is not a valid settings dict, as sentences."""
     if not isinstance(raw, dict):
         return [f"{SETTINGS_NAME} must be a dict, not {type(raw).__name__}."]
-    found: list[str] = []
+    return [problem for check in _CHECKS for problem in check(raw)]
+
+
+def _unknown_keys(raw: dict[Any, Any]) -> Iterator[str]:
     for key in raw:
         if key not in KEYS:
             close = difflib.get_close_matches(str(key), KEYS, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            found.append(f"{SETTINGS_NAME}[{key!r}] is not a setting of this package.{hint}")
+            yield f"{SETTINGS_NAME}[{key!r}] is not a setting of this package.{hint}"
+
+
+def _numbers(raw: dict[Any, Any]) -> Iterator[str]:
     for key in _POSITIVE_NUMBERS:
         value = raw.get(key, 1)
         if not _is_number(value) or value <= 0:
-            found.append(f"{SETTINGS_NAME}[{key!r}] must be a positive number, not {value!r}.")
+            yield f"{SETTINGS_NAME}[{key!r}] must be a positive number, not {value!r}."
     for key in _POSITIVE_INTS:
         value = raw.get(key, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            found.append(f"{SETTINGS_NAME}[{key!r}] must be a whole number >= 1, not {value!r}.")
+            yield f"{SETTINGS_NAME}[{key!r}] must be a whole number >= 1, not {value!r}."
+        elif key in _CAPS and value > _CAPS[key]:
+            yield str(count_problem(f"{SETTINGS_NAME}[{key!r}]", value, _CAPS[key]))
+
+
+def _optional_seconds(raw: dict[Any, Any]) -> Iterator[str]:
     for key in _OPTIONAL_POSITIVE_NUMBERS:
         value = raw.get(key)
         if value is not None and (not _is_number(value) or value <= 0):
-            found.append(
+            yield (
                 f"{SETTINGS_NAME}[{key!r}] must be None (no lifetime) or a positive number "
                 f"of seconds, not {value!r}."
             )
     shutdown = raw.get("SHUTDOWN_TIMEOUT_SECONDS")
     if shutdown is not None and (not _is_number(shutdown) or shutdown <= 0):
-        found.append(
+        yield (
             f"{SETTINGS_NAME}['SHUTDOWN_TIMEOUT_SECONDS'] must be None (wait for the rows "
             f"being run) or a positive number of seconds, not {shutdown!r}."
         )
+
+
+def _flags_and_paths(raw: dict[Any, Any]) -> Iterator[str]:
     for key in _BOOLS:
         value = raw.get(key, True)
         if not isinstance(value, bool):
-            found.append(f"{SETTINGS_NAME}[{key!r}] must be True or False, not {value!r}.")
+            yield f"{SETTINGS_NAME}[{key!r}] must be True or False, not {value!r}."
     for key in _DOTTED_PATHS + _OPTIONAL_DOTTED_PATHS:
         value = raw.get(key, "a.b")
         if value is None and key in _OPTIONAL_DOTTED_PATHS:
             continue
         if not isinstance(value, str) or "." not in value:
-            found.append(f"{SETTINGS_NAME}[{key!r}] must be a dotted import path, not {value!r}.")
+            yield f"{SETTINGS_NAME}[{key!r}] must be a dotted import path, not {value!r}."
     wake = raw.get("WAKE", "notify")
     if wake not in ("notify", "poll"):
-        found.append(f"{SETTINGS_NAME}['WAKE'] must be 'notify' or 'poll', not {wake!r}.")
+        yield f"{SETTINGS_NAME}['WAKE'] must be 'notify' or 'poll', not {wake!r}."
+
+
+def _timing(raw: dict[Any, Any]) -> Iterator[str]:
     for key in _NON_NEGATIVE_NUMBERS:
         value = raw.get(key, 0)
         if not _is_number(value) or value < 0:
-            found.append(f"{SETTINGS_NAME}[{key!r}] must be a number >= 0, not {value!r}.")
+            yield f"{SETTINGS_NAME}[{key!r}] must be a number >= 0, not {value!r}."
     base = raw.get("BACKOFF_BASE_SECONDS", Settings.BACKOFF_BASE_SECONDS)
     cap = raw.get("BACKOFF_CAP_SECONDS", Settings.BACKOFF_CAP_SECONDS)
     if _is_number(base) and _is_number(cap) and cap < base:
-        found.append(
+        yield (
             f"{SETTINGS_NAME}['BACKOFF_CAP_SECONDS'] ({cap!r}) is below "
             f"BACKOFF_BASE_SECONDS ({base!r}); raise the cap or lower the base."
         )
+
+
+def _integrations(raw: dict[Any, Any]) -> Iterator[str]:
+    """The settings of the task hand-off and the brokers, in outline (each integration
+    checks its own in full when configured)."""
     backend = raw.get("TASK_BACKEND")
     if backend is not None and not (
         (isinstance(backend, str) and "." in backend)
         or (isinstance(backend, dict) and isinstance(backend.get("BACKEND"), str))
     ):
-        found.append(
+        yield (
             f"{SETTINGS_NAME}['TASK_BACKEND'] must be a dotted path or a dict with a "
             f"'BACKEND' dotted path, not {backend!r}."
         )
     source = raw.get("EVENT_SOURCE")
     if source is not None and (not isinstance(source, str) or not source.strip()):
-        found.append(f"{SETTINGS_NAME}['EVENT_SOURCE'] must be a non-empty string, not {source!r}.")
+        yield f"{SETTINGS_NAME}['EVENT_SOURCE'] must be a non-empty string, not {source!r}."
     brokers = raw.get("BROKERS")
     if brokers is not None and not isinstance(brokers, dict):
-        found.append(
+        yield (
             f"{SETTINGS_NAME}['BROKERS'] must be a dict of broker name -> {{'URL': ...}}, "
             f"not {brokers!r}."
         )
-    return found
+
+
+# In the order ``problems`` reports them.
+_CHECKS: tuple[Callable[[dict[Any, Any]], Iterator[str]], ...] = (
+    _unknown_keys,
+    _numbers,
+    _optional_seconds,
+    _flags_and_paths,
+    _timing,
+    _integrations,
+)
 
 
 _cached: Settings | None = None

@@ -38,6 +38,9 @@ def test_defaults() -> None:
         ({"DEAD_LETTER_TTL_SECONDS": "week"}, "positive number"),
         ({"TASK_BACKEND": {"OPTIONS": {}}}, "'BACKEND' dotted path"),
         ("not a dict", "must be a dict"),
+        # The relay's bounds, refused where the setting is read rather than at its start.
+        ({"CONCURRENCY": 257}, "'CONCURRENCY'\\] must be a whole number from 1 to 256"),
+        ({"BATCH_SIZE": 10_001}, "'BATCH_SIZE'\\] must be a whole number from 1 to 10000"),
     ],
 )
 def test_an_invalid_setting_is_refused_by_name(raw: object, message: str) -> None:

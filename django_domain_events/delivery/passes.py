@@ -31,8 +31,6 @@ from .tasks import hand_off
 
 Counts = dict[DeliveryStatus, int]
 
-MAX_BATCH_SIZE = 10_000  # rows one claim may take; larger batches only hold leases longer
-
 # What running one claim answers: its status and outcome, or None when it was handed to
 # the task queue.
 Result = tuple[DeliveryStatus | None, Outcome | None] | None
@@ -174,19 +172,16 @@ def batch_size_of(lane: str, batch_size: int | None, lane_batch_sizes: Mapping[s
 
 
 def check_sizes(batch_size: int | None, lane_batch_sizes: Mapping[str, int] | None) -> None:
-    """Refuse a batch size that is not a whole number from 1 to ``MAX_BATCH_SIZE``."""
+    """Refuse a batch size that is not a whole number from 1 to ``conf.MAX_BATCH_SIZE``."""
     sizes = [("the batch size", batch_size)]
     sizes += [
         (f"the batch size of lane {lane!r}", size)
         for lane, size in (lane_batch_sizes or {}).items()
     ]
     for what, size in sizes:
-        if size is not None and (
-            isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH_SIZE
-        ):
-            raise ValueError(
-                f"{what} must be a whole number from 1 to {MAX_BATCH_SIZE}, not {size!r}."
-            )
+        problem = None if size is None else conf.count_problem(what, size, conf.MAX_BATCH_SIZE)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 def deliver_pending(

@@ -53,7 +53,6 @@ logger = logging.getLogger("django_domain_events.relay")
 
 TALLY_COMPACT_SECONDS = 60.0  # how often a relay folds the scheduled tally's deltas
 CLOCK_CHECK_SECONDS = 60.0  # how often a relay measures its clock against the database's
-MAX_CONCURRENCY = 256  # rows one relay runs at once per lane, each on its own connection
 
 
 class RelayHalted(RuntimeError):
@@ -280,10 +279,9 @@ def lane_slots(
     chosen = [("the concurrency", default)]
     chosen += [(f"the concurrency of lane {k!r}", n) for k, n in (lane_concurrency or {}).items()]
     for what, n in chosen:
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CONCURRENCY:
-            raise ValueError(
-                f"{what} must be a whole number from 1 to {MAX_CONCURRENCY}, not {n!r}."
-            )
+        problem = conf.count_problem(what, n, conf.MAX_CONCURRENCY)
+        if problem is not None:
+            raise ValueError(problem)
     for lane in lane_concurrency or {}:
         if lane not in lanes:
             raise ValueError(
