@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,6 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 
 from .. import clock, conf, tally
-from ..codec import get_codec
-from ..declare import registry
 from ..models import DeliveryStatus, LanePauseRecord
 from ..retention import prune_events
 from .claim import database_alias, release
@@ -39,13 +37,18 @@ from .outage import is_outage
 from .passes import (
     Counts,
     Pass,
-    check_sizes,
     default_worker_id,
     run_pass,
 )
 from .pool import Pools
-from .run import around_hook, expire_overdue
-from .tasks import get_backend
+from .relay_options import (
+    check_configuration,
+    check_relay_options,
+    check_shutdown_timeout,
+    lane_slots,
+    refuse_concurrency_on_sqlite,
+)
+from .run import expire_overdue
 from .ticks import Ticker
 from .wake import Listener, wakes_by_notify
 
@@ -82,7 +85,7 @@ class _Signals:
     def __init__(self, worker_id: str = "", shutdown_timeout: float | None = None) -> None:
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
-        self._worker_id = worker_id
+        self.worker_id = worker_id
         self._timeout = shutdown_timeout
 
     def install(self) -> bool:
@@ -109,9 +112,9 @@ class _Signals:
             "Relay %s did not stop within its shutdown timeout (%ss): exiting now. The "
             "rows it was running keep their claim until their lease lapses, then another "
             "relay takes them over, counting the attempt.",
-            self._worker_id,
+            self.worker_id,
             self._timeout,
-            extra={"worker_id": self._worker_id},
+            extra={"worker_id": self.worker_id},
         )
         logging.shutdown()  # flush the handlers: os._exit skips them
         os._exit(1)
@@ -119,50 +122,6 @@ class _Signals:
     def restore(self) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
-
-
-def check_lanes(lanes: Iterable[str]) -> list[str]:
-    """The lanes, sorted; refuses one that no receiver declares."""
-    declared = registry.lanes()
-    chosen = sorted(set(lanes))
-    for lane in chosen:
-        if lane not in declared:
-            raise ValueError(
-                f"No receiver declares lane {lane!r}; declared lanes are "
-                f"{', '.join(sorted(declared))}. Check the spelling, or declare "
-                f"@receiver(..., lane={lane!r})."
-            )
-    return chosen
-
-
-def check_relay_options(
-    lane: str | Sequence[str], batch_size: int | None, lane_batch_sizes: Mapping[str, int] | None
-) -> list[str]:
-    """The lanes a relay serves, after refusing any option it cannot run with."""
-    lanes = check_lanes([lane] if isinstance(lane, str) else lane)
-    check_sizes(batch_size, lane_batch_sizes)
-    for name in lane_batch_sizes or {}:
-        if name not in lanes:
-            raise ValueError(
-                f"lane {name!r} has a batch size but this relay does not serve it; serve "
-                f"lane {name!r} too, or drop its size."
-            )
-    return lanes
-
-
-def check_configuration(lanes: Sequence[str]) -> None:
-    """Load every dotted-path setting a relay of ``lanes`` will use, before it claims a row.
-
-    Raises ``ImproperlyConfigured`` naming the setting: a codec, hook or task backend
-    that cannot be loaded is the deployment's error, and no row should pay for it.
-    """
-    settings = conf.get()
-    get_codec()
-    if settings.AROUND_DELIVERY is not None:
-        around_hook(settings.AROUND_DELIVERY)
-    served = {key for lane in lanes for key in registry.lanes().get(lane, ())}
-    if any(r.durable and r.site == "task" and r.key in served for r in registry.receivers):
-        get_backend()
 
 
 def run_relay(
@@ -199,96 +158,60 @@ def run_relay(
     lanes = check_relay_options(lane, batch_size, lane_batch_sizes)
     slots = lane_slots(lanes, concurrency, lane_concurrency)
     alias = database_alias()
-    if connections[alias].vendor == "sqlite" and any(n > 1 for n in slots.values()):
-        raise ValueError(
-            "SQLite has a single writer, so a relay on it runs one delivery at a time; drop "
-            "the concurrency, or move to PostgreSQL or MariaDB to run several at once."
-        )
+    refuse_concurrency_on_sqlite(alias, slots)
     check_configuration(lanes)
     timeout = check_shutdown_timeout(shutdown_timeout)
-    worker = worker_id or relay_worker_id()
-    signals = _Signals(worker, timeout)
+    plan = _Plan(
+        lanes, slots, passes, batch_size, lane_batch_sizes or {}, limit, prune, once, timeout
+    )
+    signals = _Signals(worker_id or relay_worker_id(), timeout)
     with _one_relay_on_sqlite(alias):
         on_main_thread = signals.install()
-        stop_event = stop if isinstance(stop, threading.Event) else None
-
-        def stopping() -> bool:
-            if signals.received is not None:
-                return True
-            if stop_event is not None:
-                return stop_event.is_set()
-            return bool(stop()) if callable(stop) else False
-
-        state = Pass(worker, None, False, relay=True, stop=stopping)
+        state = Pass(signals.worker_id, None, False, relay=True, stop=_stopping(signals, stop))
         opened = connections[alias].connection is None  # else it is the caller's: left open
         _log_start(state.worker_id, lanes, slots, alias, on_main_thread)
         try:
-            sizes = lane_batch_sizes or {}
             # Until the loop closes: a task a receiver left may run its query at the end.
             with refusing_detached(alias):
-                on_relay_loop(
-                    functools.partial(
-                        _loop,
-                        state,
-                        lanes,
-                        slots,
-                        passes,
-                        batch_size,
-                        sizes,
-                        limit,
-                        prune,
-                        once,
-                        timeout,
-                    )
-                )
+                on_relay_loop(lambda loop: _Loop(plan, state, loop).run())
         finally:
             if on_main_thread:
                 signals.restore()
-            with contextlib.suppress(Exception):
-                LanePauseRecord.objects.using(alias).filter(worker_id=state.worker_id).delete()
-            if opened:
-                with contextlib.suppress(Exception):
-                    connections[alias].close()
-        done = ", ".join(f"{state.counts[s]} {s.value}" for s in DeliveryStatus if state.counts[s])
-        logger.info(
-            "Relay %s stopped: %s.",
-            state.worker_id,
-            done or "nothing delivered",
-            extra={"worker_id": state.worker_id, "lanes": lanes, "concurrency": dict(slots)},
-        )
+            _clean_up(alias, state.worker_id, close=opened)
+        _log_stop(state, plan)
         return state.counts
 
 
-def check_shutdown_timeout(seconds: float | None) -> float | None:
-    """The stop's bound in seconds (``SHUTDOWN_TIMEOUT_SECONDS`` when not given), or None;
-    refuses a value that is not a positive number."""
-    if seconds is None:
-        return conf.get().SHUTDOWN_TIMEOUT_SECONDS
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
-        raise ValueError(
-            f"the shutdown timeout must be a positive number of seconds, not {seconds!r}."
-        )
-    return float(seconds)
+def _stopping(
+    signals: _Signals, stop: Callable[[], bool] | threading.Event | None
+) -> Callable[[], bool]:
+    """Whether to stop: a signal arrived, the event is set, or ``stop()`` says so."""
+    if isinstance(stop, threading.Event):
+        event = stop
+        return lambda: signals.received is not None or event.is_set()
+    if callable(stop):
+        asked = stop
+        return lambda: signals.received is not None or bool(asked())
+    return lambda: signals.received is not None
 
 
-def lane_slots(
-    lanes: Sequence[str], concurrency: int | None, lane_concurrency: Mapping[str, int] | None
-) -> dict[str, int]:
-    """How many rows of each lane a relay runs at once; refuses what cannot be."""
-    default = concurrency if concurrency is not None else conf.get().CONCURRENCY
-    chosen = [("the concurrency", default)]
-    chosen += [(f"the concurrency of lane {k!r}", n) for k, n in (lane_concurrency or {}).items()]
-    for what, n in chosen:
-        problem = conf.count_problem(what, n, conf.MAX_CONCURRENCY)
-        if problem is not None:
-            raise ValueError(problem)
-    for lane in lane_concurrency or {}:
-        if lane not in lanes:
-            raise ValueError(
-                f"lane {lane!r} has a concurrency but this relay does not serve it; serve "
-                f"lane {lane!r} too, or drop its concurrency."
-            )
-    return {lane: (lane_concurrency or {}).get(lane, default) for lane in lanes}
+def _clean_up(alias: str, worker_id: str, *, close: bool) -> None:
+    """Drop the relay's lane pauses, and the connection it opened (not a caller's)."""
+    with contextlib.suppress(Exception):
+        LanePauseRecord.objects.using(alias).filter(worker_id=worker_id).delete()
+    if close:
+        with contextlib.suppress(Exception):
+            connections[alias].close()
+
+
+def _log_stop(state: Pass, plan: _Plan) -> None:
+    done = ", ".join(f"{state.counts[s]} {s.value}" for s in DeliveryStatus if state.counts[s])
+    logger.info(
+        "Relay %s stopped: %s.",
+        state.worker_id,
+        done or "nothing delivered",
+        extra={"worker_id": state.worker_id, "lanes": plan.lanes, "concurrency": dict(plan.slots)},
+    )
 
 
 def _log_start(
@@ -355,104 +278,166 @@ def _one_relay_on_sqlite(alias: str) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _loop(
-    state: Pass,
-    lanes: list[str],
-    slots: Mapping[str, int],
-    passes: int | None,
-    batch_size: int | None,
-    lane_batch_sizes: Mapping[str, int],
-    limit: int | None,
-    prune: Callable[[], object] | None,
-    once: bool,
-    shutdown_timeout: float | None,
-    loop: asyncio.AbstractEventLoop,
-) -> None:
-    """Pass after pass until stopped, in the relay's thread; ``loop`` is the relay's event
-    loop (``on_relay_loop``), on which its worker slots are awaited."""
-    settings = conf.get()
-    alias = database_alias()
-    listener = Listener(alias) if wakes_by_notify(alias) else None
-    if listener is not None:
-        listener.listen()  # before the first claim: nothing fired after it is missed
-    several = any(n > 1 for n in slots.values())
-    pools = Pools(lanes, slots, loop, shutdown_timeout) if several else None
-    ticker = Ticker()
-    outage_pause = min(settings.POLL_SECONDS, 2.0)
-    last_prune = last_activity = last_compact = last_clock = float("-inf")
-    done = 0
-    was_busy = False
-    try:
-        while not state.stop() and (passes is None or done < passes):
-            if limit is not None and state.claimed >= limit:
-                break
-            try:
-                if time.monotonic() - last_clock >= CLOCK_CHECK_SECONDS:
-                    _synchronise(state, alias, first=last_clock == float("-inf"))
-                    last_clock = time.monotonic()
-                _hand_back(state)
-                if pools is not None:
-                    pools.wake.clear()
-                    # Read before claiming: rows that finish during the claim must not
-                    # make a pass that found every slot full look idle.
-                    was_busy = pools.busy()
-                    claimed = pools.fill(state, batch_size, lane_batch_sizes, limit)
-                else:
-                    claimed = run_pass(state, lanes, batch_size, lane_batch_sizes, limit)
-                if not state.stop():
-                    claimed += ticker.look()  # a fired tick is work: deliver it next pass
-                outage_pause = min(settings.POLL_SECONDS, 2.0)
-            except Exception as error:
-                if not is_outage(error, alias):
-                    _halt(state, error)
-                logger.warning(
-                    "Relay %s lost the database (%s); retrying in %.1fs.",
-                    state.worker_id,
-                    error,
-                    outage_pause,
-                    extra={"worker_id": state.worker_id},
-                )
-                _close(alias, listener)
-                time.sleep(outage_pause)
-                outage_pause = min(outage_pause * 2, 2.0)
-                continue
-            done += 1
-            if time.monotonic() - last_compact >= TALLY_COMPACT_SECONDS:
-                last_compact = time.monotonic()
-                _compact_tally(alias)
-            busy = pools is not None and (was_busy or pools.busy())
-            if once and not claimed and not busy:
-                break
-            if claimed:
-                last_activity = time.monotonic()
-            if claimed or state.stop() or (passes is not None and done >= passes):
-                continue
-            if pools is not None and busy:
-                # Rows are running: claim again as soon as one of them frees its slot.
-                pools.wake.wait(min(settings.POLL_SECONDS, 0.05))
-                continue
-            # Senders hold back NOTIFYs for NOTIFY_COALESCE_SECONDS after each one, so
-            # right after activity the relay looks often instead of waiting to be woken.
-            if time.monotonic() - last_activity < settings.NOTIFY_COALESCE_SECONDS:
-                _wait(listener, min(settings.POLL_SECONDS, 0.05), state)
-                continue
-            prune_now = (
-                prune is not None
-                and settings.RELAY_PRUNE
-                and time.monotonic() - last_prune >= settings.RELAY_PRUNE_SECONDS
-            )
-            if prune_now:
-                last_prune = time.monotonic()
-            _idle_work(prune if prune_now else None)
-            if _wait(listener, _poll(settings.POLL_SECONDS, ticker), state):
-                last_activity = time.monotonic()
-    finally:
-        if pools is not None:
-            pools.close(state, state.worker_id)  # finish the rows being run, hand back the rest
+@dataclass(frozen=True)
+class _Plan:
+    """What a relay was asked to do, once ``run_relay`` checked it."""
+
+    lanes: list[str]
+    slots: Mapping[str, int]
+    passes: int | None
+    batch_size: int | None
+    lane_batch_sizes: Mapping[str, int]
+    limit: int | None
+    prune: Callable[[], object] | None
+    once: bool
+    shutdown_timeout: float | None
+
+    @property
+    def several(self) -> bool:
+        """Whether some lane runs rows at once (``pool.Pools``) rather than one by one."""
+        return any(n > 1 for n in self.slots.values())
+
+    def passes_done(self, done: int) -> bool:
+        return self.passes is not None and done >= self.passes
+
+    def let_go(self, state: Pass, done: int) -> bool:
+        """Whether the relay ran the passes or claimed the rows it was let."""
+        return self.passes_done(done) or (self.limit is not None and state.claimed >= self.limit)
+
+
+class _Loop:
+    """Pass after pass until stopped, in the relay's thread, and what it does between them.
+
+    ``loop`` is the relay's event loop (``on_relay_loop``), on which its worker slots are
+    awaited. The ``last_*`` times are monotonic: when the relay last did each chore.
+    """
+
+    def __init__(self, plan: _Plan, state: Pass, loop: asyncio.AbstractEventLoop) -> None:
+        self.plan = plan
+        self.state = state
+        self.settings = conf.get()
+        self.alias = database_alias()
+        self.listener = Listener(self.alias) if wakes_by_notify(self.alias) else None
+        if self.listener is not None:
+            self.listener.listen()  # before the first claim: nothing fired after it is missed
+        self.pools = (
+            Pools(plan.lanes, plan.slots, loop, plan.shutdown_timeout) if plan.several else None
+        )
+        self.ticker = Ticker()
+        self.outage_pause = self._first_outage_pause()
+        self.last_prune = self.last_activity = float("-inf")
+        self.last_compact = self.last_clock = float("-inf")
+        self.done = 0
+
+    def run(self) -> None:
+        try:
+            while not self.state.stop() and not self.plan.let_go(self.state, self.done):
+                found = self._pass()
+                if found is None:
+                    continue  # an outage, waited out: try again
+                claimed, was_busy = found
+                self.done += 1
+                self._compact_when_due()
+                busy = self.pools is not None and (was_busy or self.pools.busy())
+                if self.plan.once and not claimed and not busy:
+                    break
+                self._between_passes(claimed, busy)
+        finally:
+            self._wind_down()
+
+    def _pass(self) -> tuple[int, bool] | None:
+        """Claim and run: the rows claimed (and ticks fired), and whether rows were
+        running before the claim; None when the database went away (after waiting)."""
+        try:
+            self._synchronise_when_due()
+            _hand_back(self.state)
+            claimed, was_busy = self._claim()
+            if not self.state.stop():
+                claimed += self.ticker.look()  # a fired tick is work: deliver it next pass
+        except Exception as error:
+            self._ride_out(error)
+            return None
+        self.outage_pause = self._first_outage_pause()
+        return claimed, was_busy
+
+    def _claim(self) -> tuple[int, bool]:
+        plan, state = self.plan, self.state
+        if self.pools is None:
+            return run_pass(
+                state, plan.lanes, plan.batch_size, plan.lane_batch_sizes, plan.limit
+            ), False
+        self.pools.wake.clear()
+        # Read before claiming: rows that finish during the claim must not make a pass
+        # that found every slot full look idle.
+        was_busy = self.pools.busy()
+        return self.pools.fill(state, plan.batch_size, plan.lane_batch_sizes, plan.limit), was_busy
+
+    def _ride_out(self, error: Exception) -> None:
+        """Wait out an outage (doubling the pause up to 2s); halt on any other error."""
+        if not is_outage(error, self.alias):
+            _halt(self.state, error)
+        logger.warning(
+            "Relay %s lost the database (%s); retrying in %.1fs.",
+            self.state.worker_id,
+            error,
+            self.outage_pause,
+            extra={"worker_id": self.state.worker_id},
+        )
+        _close(self.alias, self.listener)
+        time.sleep(self.outage_pause)
+        self.outage_pause = min(self.outage_pause * 2, 2.0)
+
+    def _first_outage_pause(self) -> float:
+        return min(self.settings.POLL_SECONDS, 2.0)
+
+    def _between_passes(self, claimed: int, busy: bool) -> None:
+        """Claim again at once after work; otherwise wait, doing the idle chores first."""
+        if claimed:
+            self.last_activity = time.monotonic()
+        if claimed or self.state.stop() or self.plan.passes_done(self.done):
+            return
+        poll = self.settings.POLL_SECONDS
+        if self.pools is not None and busy:
+            # Rows are running: claim again as soon as one of them frees its slot.
+            self.pools.wake.wait(min(poll, 0.05))
+            return
+        # Senders hold back NOTIFYs for NOTIFY_COALESCE_SECONDS after each one, so right
+        # after activity the relay looks often instead of waiting to be woken.
+        if time.monotonic() - self.last_activity < self.settings.NOTIFY_COALESCE_SECONDS:
+            _wait(self.listener, min(poll, 0.05), self.state)
+            return
+        _idle_work(self._prune_when_due())
+        if _wait(self.listener, _poll(poll, self.ticker), self.state):
+            self.last_activity = time.monotonic()
+
+    def _synchronise_when_due(self) -> None:
+        if time.monotonic() - self.last_clock >= CLOCK_CHECK_SECONDS:
+            _synchronise(self.state, self.alias, first=self.last_clock == float("-inf"))
+            self.last_clock = time.monotonic()
+
+    def _compact_when_due(self) -> None:
+        if time.monotonic() - self.last_compact >= TALLY_COMPACT_SECONDS:
+            self.last_compact = time.monotonic()
+            _compact_tally(self.alias)
+
+    def _prune_when_due(self) -> Callable[[], object] | None:
+        """The prune, if this idle moment should run it (``RELAY_PRUNE_SECONDS`` apart)."""
+        prune = self.plan.prune
+        if prune is None or not self.settings.RELAY_PRUNE:
+            return None
+        if time.monotonic() - self.last_prune < self.settings.RELAY_PRUNE_SECONDS:
+            return None
+        self.last_prune = time.monotonic()
+        return prune
+
+    def _wind_down(self) -> None:
+        if self.pools is not None:
+            # Finish the rows being run, hand back the rest.
+            self.pools.close(self.state, self.state.worker_id)
             with contextlib.suppress(Exception):
-                _hand_back(state)
-        if listener is not None:
-            listener.close()
+                _hand_back(self.state)
+        if self.listener is not None:
+            self.listener.close()
 
 
 def _synchronise(state: Pass, alias: str, *, first: bool) -> None:

@@ -8,14 +8,8 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, CommandParser
 
-from ...delivery.relay import (
-    DeliveryStatus,
-    RelayHalted,
-    check_relay_options,
-    check_shutdown_timeout,
-    lane_slots,
-    run_relay,
-)
+from ...delivery.relay import DeliveryStatus, RelayHalted, run_relay
+from ...delivery.relay_options import check_relay_options, check_shutdown_timeout, lane_slots
 from ..base import OutboxCommand
 
 # -v 2 shows the relay's INFO lines (start, stop, hand-backs), -v 3 its DEBUG lines too.
