@@ -218,6 +218,33 @@ def decide(
                 last_error=f"{message} (retry policy {_policy_name(policy)} gave up)",
             )
         delay = wanted
+    return _retry_or_end(
+        receiver,
+        message,
+        delay,
+        warnings,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        due_at=due_at,
+        now=now,
+        expires_at=expires_at,
+    )
+
+
+def _retry_or_end(
+    receiver: RegisteredReceiver,
+    message: str,
+    delay: float,
+    warnings: tuple[str, ...],
+    *,
+    attempt: int,
+    max_attempts: int | None,
+    due_at: datetime,
+    now: datetime,
+    expires_at: datetime | None,
+) -> Outcome:
+    """A counted failure to retry ``delay`` seconds on, unless the row's attempts,
+    ``give_up_after`` or lifetime end it first."""
     if max_attempts is not None and attempt >= max_attempts:
         return Outcome(DeliveryStatus.DEAD, spent=True, last_error=message, warnings=warnings)
     bound = receiver.give_up_after
