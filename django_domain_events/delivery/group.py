@@ -28,15 +28,14 @@ from .claim import Claim, database_alias
 from .lease import kept_alive
 from .outage import Blame, blame
 from .outcomes import Outcome
+from .report import Timing, report_success
 from .run import (
     Attempted,
     Ready,
-    Timing,
     around_delivery,
     attempt,
     call_receiver,
     prepare,
-    report_success,
     tell_failure,
     write_failure,
 )

@@ -18,7 +18,6 @@ import functools
 import inspect
 import logging
 import signal
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -29,7 +28,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, transaction
 from django.utils.module_loading import import_string
 
-from .. import clock, conf, signals, tally, tracing
+from .. import clock, conf, tally, tracing
 from ..codec import PayloadDecodeError, PayloadUpgradeFailed
 from ..declare import RegisteredReceiver, registry
 from ..models import TERMINAL_VALUES, DeliveryRecord, DeliveryStatus
@@ -48,11 +47,19 @@ from .loop import as_receiver_call
 from .outage import Blame, blame, is_outage
 from .outcomes import (
     DeliveryContext,
-    DeliveryFailure,
     Outcome,
     decide,
     describe_error,
     expired_reason,
+)
+from .report import (
+    Subject,
+    Timing,
+    log_fields,
+    report_failure,
+    report_success,
+    report_unrun,
+    warn_lease_lost,
 )
 
 logger = logging.getLogger("django_domain_events.delivery")
@@ -234,7 +241,7 @@ def prepare(
     lease = receiver_lease(receiver)
     held = renew(alias, claim, lease)
     if held is None:
-        _warn_lease_lost(claim, ran=False)
+        warn_lease_lost(claim, ran=False)
         return None, None
     try:
         evt, scope = _read(held, decoded)
@@ -312,7 +319,7 @@ def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = Non
             if not acknowledge(alias, claim):
                 raise _LeaseLost
     except _LeaseLost:
-        _warn_lease_lost(claim, ran=True)
+        warn_lease_lost(claim, ran=True)
         return None, None
     except BaseException as error:
         if failure is None or blame(error, alias) is Blame.OUTBOX:
@@ -381,21 +388,12 @@ def _settle_unrun(
         },
     )
     if not written:
-        _warn_lease_lost(claim, ran=False)
+        warn_lease_lost(claim, ran=False)
         return None, None
-    _log_unrun(
-        claim.id,
-        claim.event_name,
-        claim.event_id,
-        claim.receiver_key,
-        status,
-        reason,
-        attempt=claim.attempts,
-        worker_id=claim.claimed_by,
-    )
+    subject = Subject.of_claim(claim, attempt=claim.attempts)
+    report_unrun(subject, status, reason)
     if status is DeliveryStatus.DEAD and receiver is not None and receiver.on_failure:
-        failure = _failure(claim, status, RuntimeError(reason), attempt=claim.attempts)
-        call_hook(receiver.on_failure, failure)
+        call_hook(receiver.on_failure, subject.failure(status, RuntimeError(reason)))
     return status, outcome
 
 
@@ -410,7 +408,7 @@ def record_failure(
     """Record that ``error`` ended this attempt, as ``decide()`` rules; tell on_failure."""
     outcome, written = write_failure(claim, receiver, error, now=now)
     if not written:
-        _warn_lease_lost(claim, ran=True)
+        warn_lease_lost(claim, ran=True)
         return None, None
     tell_failure(claim, receiver, outcome, error, timing)
     return outcome.status, outcome
@@ -460,201 +458,9 @@ def tell_failure(
     """Log a recorded failure and tell the receiver's ``on_failure``, once it is written."""
     if not outcome.tells_on_failure:
         return
-    _log_failure(claim, outcome.status, outcome.last_error, error, timing)
+    report_failure(claim, outcome.status, outcome.last_error, error, timing)
     if receiver.on_failure is not None:
-        failure = _failure(claim, outcome.status, error, attempt=claim.attempts + 1)
-        call_hook(receiver.on_failure, failure)
-
-
-def _failure(
-    claim: Claim, status: DeliveryStatus, error: BaseException, *, attempt: int
-) -> DeliveryFailure:
-    return DeliveryFailure(
-        delivery_id=claim.id,
-        event_id=claim.event_id,
-        event_name=claim.event_name,
-        receiver_key=claim.receiver_key,
-        target=claim.target,
-        attempt=attempt,
-        status=status,
-        error=error,
-    )
-
-
-def log_fields(
-    claim: Claim, status: DeliveryStatus | None = None, *, attempt: int | None = None
-) -> dict[str, Any]:
-    """The ``extra=`` fields of every record logged about a delivery, so a handler or an
-    alert can match on them instead of parsing the message."""
-    receiver = registry.receiver(claim.receiver_key)
-    return {
-        "delivery_id": claim.id,
-        "event_id": claim.event_id,
-        "event_name": claim.event_name,
-        "receiver_key": claim.receiver_key,
-        "attempt": claim.attempts + 1 if attempt is None else attempt,
-        "status": status.value if status is not None else "",
-        "worker_id": claim.claimed_by,
-        "lane": receiver.lane if receiver is not None else "",
-    }
-
-
-@dataclass(frozen=True)
-class Timing:
-    """When an attempt started and how long its receiver ran: for metrics and traces."""
-
-    started_at: datetime
-    started: float  # monotonic
-    seconds: float | None = None
-
-    @classmethod
-    def start(cls) -> Timing:
-        return cls(clock.now(), time.monotonic())
-
-    def stop(self) -> Timing:
-        return Timing(self.started_at, self.started, time.monotonic() - self.started)
-
-    def signal_arguments(self, claim: Claim) -> dict[str, float | None]:
-        """``duration`` (seconds the receiver ran) and ``lag`` (seconds from the row's due
-        time to the attempt's start)."""
-        lag = max(0.0, (self.started_at - claim.due_at).total_seconds())
-        return {"duration": self.seconds, "lag": lag}
-
-
-def report_success(claim: Claim, timing: Timing | None = None) -> None:
-    """A success is committed: log it at DEBUG and send ``delivery_succeeded``."""
-    logger.debug(
-        "Delivery %s of %s #%s to %s succeeded on attempt %s.",
-        claim.id,
-        claim.event_name,
-        claim.event_id,
-        claim.receiver_key,
-        claim.attempts + 1,
-        extra=log_fields(claim, DeliveryStatus.SUCCEEDED),
-    )
-    signals.delivery_succeeded.send(**_signal_arguments(claim, timing))
-
-
-def _signal_arguments(claim: Claim, timing: Timing | None) -> dict[str, Any]:
-    """What every delivery signal sends about ``claim``'s attempt (see ``signals``)."""
-    timed = timing.signal_arguments(claim) if timing is not None else {}
-    return {
-        "sender": _event_class(claim.event_name),
-        "delivery_id": claim.id,
-        "event_id": claim.event_id,
-        "event_name": claim.event_name,
-        "receiver_key": claim.receiver_key,
-        "attempt": claim.attempts + 1,
-        "duration": timed.get("duration"),
-        "lag": timed.get("lag"),
-    }
-
-
-def _event_class(name: str) -> type | None:
-    registered = registry.event_named(name)
-    return registered.event_class if registered is not None else None
-
-
-def _log_failure(
-    claim: Claim,
-    status: DeliveryStatus,
-    reason: str,
-    error: BaseException,
-    timing: Timing | None = None,
-) -> None:
-    """A failure at WARNING, without a traceback; a dead letter at ERROR, with one."""
-    dead = status is DeliveryStatus.DEAD
-    logger.log(
-        logging.ERROR if dead else logging.WARNING,
-        "Delivery %s of %s #%s to %s failed on attempt %s with %s; now %s: %s",
-        claim.id,
-        claim.event_name,
-        claim.event_id,
-        claim.receiver_key,
-        claim.attempts + 1,
-        type(error).__name__,
-        status.value,
-        reason,
-        exc_info=(type(error), error, error.__traceback__) if dead else None,
-        extra=log_fields(claim, status),
-    )
-    signal = signals.delivery_dead if dead else signals.delivery_failed
-    signal.send(**_signal_arguments(claim, timing), error=error, last_error=reason)
-
-
-def _log_unrun(
-    delivery_id: int,
-    event_name: str,
-    event_id: int,
-    receiver_key: str,
-    status: DeliveryStatus,
-    reason: str,
-    *,
-    attempt: int,
-    worker_id: str = "",
-) -> None:
-    """A row settled without running: WARNING when orphaned, ERROR when dead-lettered."""
-    receiver = registry.receiver(receiver_key)
-    dead = status is DeliveryStatus.DEAD
-    logger.log(
-        logging.ERROR if dead else logging.WARNING,
-        "Delivery %s of %s #%s to %s was settled without running; now %s: %s",
-        delivery_id,
-        event_name,
-        event_id,
-        receiver_key,
-        status.value,
-        reason,
-        extra={
-            "delivery_id": delivery_id,
-            "event_id": event_id,
-            "event_name": event_name,
-            "receiver_key": receiver_key,
-            "attempt": attempt,
-            "status": status.value,
-            "worker_id": worker_id,
-            "lane": receiver.lane if receiver is not None else "",
-        },
-    )
-    if dead:
-        signals.delivery_dead.send(
-            sender=_event_class(event_name),
-            delivery_id=delivery_id,
-            event_id=event_id,
-            event_name=event_name,
-            receiver_key=receiver_key,
-            attempt=attempt,
-            error=RuntimeError(reason),
-            last_error=reason,
-            duration=None,
-            lag=None,
-        )
-
-
-def _warn_lease_lost(claim: Claim, *, ran: bool) -> None:
-    if not ran:
-        logger.warning(
-            "Delivery %s to %s: the lease taken at %s by %s lapsed before its turn in the "
-            "batch and another worker took the row over; it was not run here. If batches "
-            "take longer than the lease, lower the batch size or raise LEASE_SECONDS.",
-            claim.id,
-            claim.receiver_key,
-            claim.claimed_at.isoformat(),
-            claim.claimed_by,
-            extra=log_fields(claim),
-        )
-        return
-    logger.warning(
-        "Delivery %s to %s: the lease taken at %s by %s lapsed before the outcome was "
-        "recorded, and another worker holds the row; nothing was recorded. If the "
-        "receiver needs longer, declare @receiver(..., lease_seconds=...) (on SQLite) or "
-        "raise RUN_LIMIT_SECONDS (elsewhere, where a heartbeat renews the lease).",
-        claim.id,
-        claim.receiver_key,
-        claim.claimed_at.isoformat(),
-        claim.claimed_by,
-        extra=log_fields(claim),
-    )
+        call_hook(receiver.on_failure, Subject.of_claim(claim).failure(outcome.status, error))
 
 
 def expire_overdue(*, now: datetime | None = None, limit: int = 500) -> int:
@@ -688,25 +494,10 @@ def expire_overdue(*, now: datetime | None = None, limit: int = 500) -> int:
         if not settled:
             continue
         expired += 1
-        _log_unrun(
-            row.pk,
-            row.event.name,
-            row.event_id,
-            row.receiver_key,
-            DeliveryStatus.DEAD,
-            reason,
-            attempt=row.attempts,
-        )
+        subject = Subject.of_row(row)
+        report_unrun(subject, DeliveryStatus.DEAD, reason)
         if receiver is not None and receiver.on_failure is not None:
-            failure = DeliveryFailure(
-                delivery_id=row.pk,
-                event_id=row.event_id,
-                event_name=row.event.name,
-                receiver_key=row.receiver_key,
-                target=row.target,
-                attempt=row.attempts,
-                status=DeliveryStatus.DEAD,
-                error=RuntimeError(reason),
+            call_hook(
+                receiver.on_failure, subject.failure(DeliveryStatus.DEAD, RuntimeError(reason))
             )
-            call_hook(receiver.on_failure, failure)
     return expired
