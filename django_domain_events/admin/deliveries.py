@@ -4,6 +4,8 @@ outbox dashboard at ``dashboard/`` beside it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
@@ -32,21 +34,37 @@ else:
     _DeliveryAdminBase = admin.ModelAdmin
 
 
+@dataclass(frozen=True)
+class _Act:
+    """An action on the selected rows that applies to some of them, and its wording."""
+
+    run: Callable[[list[int]], int]  # the operation: how many rows it changed
+    verb: str  # "Nothing was {verb}"
+    wanted: str  # "none of the selected rows {wanted}"
+    unwanted: str  # "N selected rows were {unwanted} were skipped"
+    done: Callable[[int], str]  # what it did, as a sentence's start
+
+
+_REQUEUE = _Act(
+    run=lambda ids: requeue_dead(delivery_ids=ids),
+    verb="requeued",
+    wanted="was dead",
+    unwanted="not dead and",
+    done=lambda n: f"Requeued {plural(n, 'dead delivery', 'dead deliveries')}",
+)
+_RETRY = _Act(
+    run=lambda ids: retry_now(ids),
+    verb="retried",
+    wanted="was failed and waiting out its backoff",
+    unwanted="not failed and waiting out a backoff, and",
+    done=lambda n: f"Retrying {plural(n, 'failed delivery', 'failed deliveries')} now",
+)
+
+
 class DeliveryRecordAdmin(ReadOnly, DeliveryColumns, _DeliveryAdminBase):
     """Every delivery row, newest first, with the actions on dead, failed and owed rows."""
 
-    list_display = (
-        "id",
-        "event_link",
-        "receiver_key",
-        "target",
-        "status_badge",
-        "attempts_display",
-        "due_at_shown",
-        "available_at_shown",
-        "completed_at_shown",
-        "error_preview",
-    )
+    list_display = ("id", "event_link", *DeliveryColumns.COLUMNS)
     list_filter = (
         "status",
         ReceiverKeyFilter,
@@ -92,9 +110,7 @@ class DeliveryRecordAdmin(ReadOnly, DeliveryColumns, _DeliveryAdminBase):
         "claimed_at_shown",
         "lease_expires_at_shown",
     )
-    due_at_shown = shown_to_the_second("due_at", "due at")
     expires_at_shown = shown_to_the_second("expires_at", "expires at")
-    completed_at_shown = shown_to_the_second("completed_at", "completed at")
     succeeded_at_shown = shown_to_the_second("succeeded_at", "succeeded at")
     claimed_at_shown = shown_to_the_second("claimed_at", "claimed at")
     lease_expires_at_shown = shown_to_the_second("lease_expires_at", "lease expires at")
@@ -149,49 +165,33 @@ class DeliveryRecordAdmin(ReadOnly, DeliveryColumns, _DeliveryAdminBase):
     def requeue_selected_dead(
         self, request: HttpRequest, queryset: QuerySet[DeliveryRecord]
     ) -> None:
-        delivery_ids = ids_of(queryset)
-        try:
-            requeued = requeue_dead(delivery_ids=delivery_ids)
-        except REFUSED as exc:
-            self.message_user(request, f"Nothing was requeued: {exc}", messages.ERROR)
-            return
-        skipped = len(delivery_ids) - requeued
-        if not requeued:
-            rows = plural(skipped, "selected row", "selected rows")
-            self.message_user(
-                request, f"Nothing was requeued: none of the {rows} was dead.", messages.WARNING
-            )
-            return
-        text = f"Requeued {plural(requeued, 'dead delivery', 'dead deliveries')}"
-        if skipped:
-            text += (
-                f"; {plural(skipped, 'selected row was', 'selected rows were')} not dead and "
-                f"{'was' if skipped == 1 else 'were'} skipped"
-            )
-        self.message_user(request, text + ".", messages.SUCCESS)
+        self._act_on_selected(request, ids_of(queryset), _REQUEUE)
 
     @admin.action(description="Retry selected failed deliveries now", permissions=["change"])
     def retry_selected_now(self, request: HttpRequest, queryset: QuerySet[DeliveryRecord]) -> None:
-        delivery_ids = ids_of(queryset)
+        self._act_on_selected(request, ids_of(queryset), _RETRY)
+
+    def _act_on_selected(self, request: HttpRequest, delivery_ids: list[int], act: _Act) -> None:
+        """Run ``act`` on the selected rows and say what it did, and what it skipped."""
         try:
-            retried = retry_now(delivery_ids)
+            done = act.run(delivery_ids)
         except REFUSED as exc:
-            self.message_user(request, f"Nothing was retried: {exc}", messages.ERROR)
+            self.message_user(request, f"Nothing was {act.verb}: {exc}", messages.ERROR)
             return
-        skipped = len(delivery_ids) - retried
-        if not retried:
+        skipped = len(delivery_ids) - done
+        if not done:
             rows = plural(skipped, "selected row", "selected rows")
             self.message_user(
                 request,
-                f"Nothing was retried: none of the {rows} was failed and waiting out its backoff.",
+                f"Nothing was {act.verb}: none of the {rows} {act.wanted}.",
                 messages.WARNING,
             )
             return
-        text = f"Retrying {plural(retried, 'failed delivery', 'failed deliveries')} now"
+        text = act.done(done)
         if skipped:
             text += (
-                f"; {plural(skipped, 'selected row was', 'selected rows were')} not failed "
-                f"and waiting out a backoff, and {'was' if skipped == 1 else 'were'} skipped"
+                f"; {plural(skipped, 'selected row was', 'selected rows were')} {act.unwanted} "
+                f"{'was' if skipped == 1 else 'were'} skipped"
             )
         self.message_user(request, text + ".", messages.SUCCESS)
 

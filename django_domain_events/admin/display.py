@@ -149,6 +149,19 @@ def deliveries_url(site_name: str, **params: Any) -> str | None:
 class DeliveryColumns:
     """The columns a delivery row shows in the deliveries list and an event's inline."""
 
+    COLUMNS = (
+        "receiver_key",
+        "target",
+        "status_badge",
+        "attempts_display",
+        "due_at_shown",
+        "available_at_shown",
+        "completed_at_shown",
+        "error_preview",
+    )
+    due_at_shown = shown_to_the_second("due_at", "due at")
+    completed_at_shown = shown_to_the_second("completed_at", "completed at")
+
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: DeliveryRecord) -> SafeString:
         """The row's status in its colour."""

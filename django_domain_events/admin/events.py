@@ -94,19 +94,8 @@ class DeliveryInline(DeliveryColumns, _DeliveryInlineBase):
     can_delete = False
     show_change_link = True
     ordering = ("id",)
-    fields = (
-        "receiver_key",
-        "target",
-        "status_badge",
-        "attempts_display",
-        "due_at_shown",
-        "available_at_shown",
-        "completed_at_shown",
-        "error_preview",
-    )
+    fields = DeliveryColumns.COLUMNS
     readonly_fields = fields
-    due_at_shown = shown_to_the_second("due_at", "due at")
-    completed_at_shown = shown_to_the_second("completed_at", "completed at")
 
     def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
         # Inline instances are made per request, so this heading is this page's own.
