@@ -13,6 +13,7 @@ import enum
 import math
 import types
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal, Union, get_args, get_origin
 
 from django.db import models
@@ -179,61 +180,48 @@ class _Decimal(Node):
 
 
 @dataclasses.dataclass(frozen=True)
-class _DateTime(Node):
+class _Text(Node):
+    """A value stored as its text and parsed back from it: a datetime, a date, a UUID."""
+
+    name: str
+    accepts: Callable[[object], bool]
+    text: Callable[[Any], str]
+    parse: Callable[[str], Any]
+    not_one: str  # the detail for a string that does not parse
+
     def describe(self) -> str:
-        return "datetime"
+        return self.name
 
     def encode(self, value: Any, path: str) -> Any:
-        if not isinstance(value, datetime.datetime):
+        if not self.accepts(value):
             raise self.mismatch(path, value)
-        return value.isoformat()
+        return self.text(value)
 
     def decode(self, stored: Any, path: str) -> Any:
         if not isinstance(stored, str):
             raise self.mismatch(path, stored)
         try:
-            return datetime.datetime.fromisoformat(stored)
+            return self.parse(stored)
         except ValueError:
-            raise self.mismatch(path, stored, "; it is not an ISO 8601 datetime") from None
+            raise self.mismatch(path, stored, f"; it is not {self.not_one}") from None
 
 
-@dataclasses.dataclass(frozen=True)
-class _Date(Node):
-    def describe(self) -> str:
-        return "date"
-
-    def encode(self, value: Any, path: str) -> Any:
-        # A datetime is a date too, but would not come back as one: refuse it.
-        if not isinstance(value, datetime.date) or isinstance(value, datetime.datetime):
-            raise self.mismatch(path, value)
-        return value.isoformat()
-
-    def decode(self, stored: Any, path: str) -> Any:
-        if not isinstance(stored, str):
-            raise self.mismatch(path, stored)
-        try:
-            return datetime.date.fromisoformat(stored)
-        except ValueError:
-            raise self.mismatch(path, stored, "; it is not an ISO 8601 date") from None
-
-
-@dataclasses.dataclass(frozen=True)
-class _UUID(Node):
-    def describe(self) -> str:
-        return "UUID"
-
-    def encode(self, value: Any, path: str) -> Any:
-        if not isinstance(value, uuid.UUID):
-            raise self.mismatch(path, value)
-        return str(value)
-
-    def decode(self, stored: Any, path: str) -> Any:
-        if not isinstance(stored, str):
-            raise self.mismatch(path, stored)
-        try:
-            return uuid.UUID(stored)
-        except ValueError:
-            raise self.mismatch(path, stored, "; it is not a UUID") from None
+_DATETIME = _Text(
+    "datetime",
+    lambda value: isinstance(value, datetime.datetime),
+    lambda value: value.isoformat(),
+    datetime.datetime.fromisoformat,
+    "an ISO 8601 datetime",
+)
+_DATE = _Text(
+    "date",
+    # A datetime is a date too, but would not come back as one: refuse it.
+    lambda value: isinstance(value, datetime.date) and not isinstance(value, datetime.datetime),
+    lambda value: value.isoformat(),
+    datetime.date.fromisoformat,
+    "an ISO 8601 date",
+)
+_UUID = _Text("UUID", lambda value: isinstance(value, uuid.UUID), str, uuid.UUID, "a UUID")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -393,9 +381,9 @@ _SCALARS: dict[object, Node] = {
     bool: _Bool(),
     type(None): _NoneNode(),
     decimal.Decimal: _Decimal(),
-    datetime.datetime: _DateTime(),
-    datetime.date: _Date(),
-    uuid.UUID: _UUID(),
+    datetime.datetime: _DATETIME,
+    datetime.date: _DATE,
+    uuid.UUID: _UUID,
 }
 
 
