@@ -23,7 +23,8 @@ try:
     from celery import shared_task
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "django_domain_events.contrib.celery needs Celery: pip install django-domain-outbox[celery]"
+        "django_domain_events.contrib.celery needs Celery: "
+        "pip install 'django-domain-outbox[celery]'"
     ) from exc
 
 from ..delivery.passes import deliver_one

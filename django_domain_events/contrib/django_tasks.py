@@ -1,7 +1,7 @@
 """Hand ``site="task"`` deliveries to Django's tasks framework.
 
 Uses ``django.tasks`` on Django 6, and the ``django-tasks`` backport on Django 5.2
-(``pip install django-domain-outbox[tasks]``). Configure::
+(``pip install 'django-domain-outbox[tasks]'``). Configure::
 
     DJANGO_DOMAIN_EVENTS = {
         "TASK_BACKEND": {
@@ -36,7 +36,7 @@ def _tasks_module() -> ModuleType:
                 raise
     raise ImportError(
         "django_domain_events.contrib.django_tasks needs django.tasks (Django 6) or the "
-        "django-tasks backport: pip install django-domain-outbox[tasks]"
+        "django-tasks backport: pip install 'django-domain-outbox[tasks]'"
     )
 
 

@@ -51,7 +51,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "django_domain_events.contrib.prometheus needs prometheus-client: "
-        "pip install django-domain-outbox[prometheus]"
+        "pip install 'django-domain-outbox[prometheus]'"
     ) from exc
 
 from django.db import connections
