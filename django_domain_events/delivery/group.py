@@ -35,7 +35,7 @@ from .run import (
     around_delivery,
     attempt,
     call_receiver,
-    prepare,
+    prepare_all,
     tell_failure,
     write_failure,
 )
@@ -58,14 +58,7 @@ def attempt_group(
     """Run ``claims`` (of one claim, all ``ack="batch"``) in one transaction; the result
     of each, in order, as ``attempt()`` gives it."""
     alias = database_alias()
-    results: dict[int, Attempted] = {}
-    ready: list[Ready] = []
-    for claim in claims:
-        prepared = prepare(alias, claim, now, decoded)
-        if isinstance(prepared, Ready):
-            ready.append(prepared)
-        else:
-            results[claim.id] = prepared
+    ready, results = prepare_all(alias, claims, now, decoded)
     try:
         try:
             results.update(_run_together(alias, ready, now, savepoints=False))

@@ -18,7 +18,7 @@ import functools
 import inspect
 import logging
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -270,6 +270,22 @@ _UNREADABLE = (
     RecursionError,
     PayloadUpgradeFailed,
 )
+
+
+def prepare_all(
+    alias: str, claims: Sequence[Claim], now: datetime, decoded: dict[int, Any] | None
+) -> tuple[list[Ready], dict[int, Attempted]]:
+    """``prepare`` each of ``claims``, for a run of rows settled together: the rows
+    ready to run, in order, and the results of those that cannot, by delivery id."""
+    ready: list[Ready] = []
+    results: dict[int, Attempted] = {}
+    for claim in claims:
+        prepared = prepare(alias, claim, now, decoded)
+        if isinstance(prepared, Ready):
+            ready.append(prepared)
+        else:
+            results[claim.id] = prepared
+    return ready, results
 
 
 def _leave_to_another_release(claim: Claim) -> Attempted:
