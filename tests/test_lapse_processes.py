@@ -24,8 +24,14 @@ from django.db import transaction
 from django_domain_events import DeliveryStatus, fire
 from django_domain_events.models import DeliveryRecord
 from tests.app.events import Pinged
-from tests.conftest import start_child
-from tests.procs.receivers import CRASH_KEY, declare_crash_or_log
+from tests.conftest import start_child, wait_for
+from tests.procs.receivers import (
+    BATCH_RUN_LOG_KEY,
+    CRASH_KEY,
+    declare_batch_run_logger,
+    declare_crash_or_log,
+    run_log_relay_env,
+)
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -101,3 +107,31 @@ def test_a_row_that_kills_its_relay_dies_alone_after_its_attempts() -> None:
         for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
             assert start >= end, f"delivery {pk} ran twice at once: {spans}"
     assert all(len(runs[pk]) >= 1 for pk in others.values_list("pk", flat=True))
+
+
+def test_a_group_three_times_longer_than_its_lease_keeps_every_row() -> None:
+    """ack="batch": 6 rows of 0.5 s in one commit under LEASE_SECONDS=1, a second relay
+    waiting to take over: every row of the running group is kept alive, none charged."""
+    declare_batch_run_logger()
+    with transaction.atomic():
+        for n in range(6):
+            fire(Pinged(n=n))
+    log, env = run_log_relay_env(0.5, LEASE_SECONDS=1, POLL_SECONDS=0.1)
+    env["DDE_RECEIVERS"] = "batch_run_log"
+    rows = DeliveryRecord.objects.filter(receiver_key=BATCH_RUN_LOG_KEY)
+    first = start_child("relay", "--batch-size", "6", env=env)
+    try:
+        wait_for(lambda: rows.filter(status=DeliveryStatus.CLAIMED).count() == 6, 60, "the claim")
+        second = start_child("relay", "--batch-size", "6", env=env)
+        try:
+            wait_for(lambda: rows.filter(status=DeliveryStatus.SUCCEEDED).count() == 6, 60, "all")
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.communicate(timeout=30)
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    assert set(rows.values_list("attempts", flat=True)) == {1}  # nobody was charged
+    assert sorted(log.read_text().split()) == sorted(
+        str(pk) for pk in rows.values_list("pk", flat=True)
+    )

@@ -172,3 +172,11 @@ def crash_or_log(evt: object, ctx: DeliveryContext) -> None:
 
 def declare_crash_or_log() -> None:
     receiver(Pinged, key=CRASH_KEY, takes_context=True, max_attempts=3)(crash_or_log)
+
+
+BATCH_RUN_LOG_KEY = "tests.log_run_batch"
+
+
+def declare_batch_run_logger() -> None:
+    """The run logger with group acknowledgement: a claim's rows run in one commit."""
+    receiver(Pinged, key=BATCH_RUN_LOG_KEY, takes_context=True, ack="batch")(log_run)

@@ -6,7 +6,8 @@ DDE_READY_FILE, when set, is created once the relay is about to start; with DDE_
 it then waits for that file (``tests.procs.ready_then_go``); DDE_RECEIVERS=run_log
 declares only the run logger (tests.procs.receivers.log_run), DDE_RECEIVERS=async_run_log
 only its async def twin (log_run_async), DDE_RECEIVERS=crash_or_log only the receiver
-that ends its process on one row (crash_or_log, with DDE_POISON_N), DDE_RECEIVERS=with_failing
+that ends its process on one row (crash_or_log, with DDE_POISON_N), DDE_RECEIVERS=
+batch_run_log the run logger with ack="batch", DDE_RECEIVERS=with_failing
 adds an always failing receiver on the mail lane (declare_failing); DDE_SPANS_FILE, when
 set, turns contrib.opentelemetry on and writes the spans there as JSON lines.
 
@@ -32,6 +33,7 @@ from tests.procs import ready_then_go  # noqa: E402
 from tests.procs.receivers import (  # noqa: E402
     declare_all,
     declare_async_run_logger,
+    declare_batch_run_logger,
     declare_crash_or_log,
     declare_failing,
     declare_run_logger,
@@ -53,6 +55,8 @@ elif os.environ.get("DDE_RECEIVERS") == "report":
     declare_report_receiver()
 elif os.environ.get("DDE_RECEIVERS") == "async_run_log":
     declare_async_run_logger()
+elif os.environ.get("DDE_RECEIVERS") == "batch_run_log":
+    declare_batch_run_logger()
 elif os.environ.get("DDE_RECEIVERS") == "crash_or_log":
     declare_crash_or_log()
 else:
