@@ -5,9 +5,10 @@ most of the cost. Here a run of such rows from one claim shares one transaction:
 receiver runs in a savepoint, a failing one rolls back only its own savepoint and is
 recorded failed in the same commit, and the successes are acknowledged by one
 statement. The heartbeat keeps every row of the group alive until the commit, so a
-group longer than a lease loses none of its rows to another relay. A crash, or a row of the group lost to another worker, repeats the whole
-group (the second case one row at a time), which is safe only because every effect was
-in the rolled-back transaction.
+group longer than a lease loses none of its rows to another relay. A crash, or a row
+of the group lost to another worker, repeats the whole group (the second case one row
+at a time), which is safe only because every effect was in the rolled-back
+transaction.
 
 Savepoints cost two round trips a row, so a group first runs without them; only when a
 receiver raises is the group rolled back and run again with one savepoint per row.

@@ -229,7 +229,7 @@ class Pools:
         give_back(state, claims)
 
     def _finished(self) -> list[Done]:
-        found = []
+        found: list[Done] = []
         while True:
             try:
                 done = self.done.get_nowait()
