@@ -24,17 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import (
-    BooleanField,
-    Case,
-    F,
-    PositiveIntegerField,
-    Q,
-    TextField,
-    Value,
-    When,
-)
-from django.db.models.expressions import RawSQL
+from django.db.models import Case, F, PositiveIntegerField, Q, TextField, Value, When
 from django.db.models.functions import Cast, Length
 
 from .. import clock
@@ -47,7 +37,7 @@ from ..models import (
     EventRecord,
     database_alias,
 )
-from .lapse import KEPT_SQL, ROW_COLUMNS, keep_count, running_sql
+from .lapse import KEPT_SQL, ROW_COLUMNS, keep_count, running_ids, running_sql
 
 
 @dataclass(frozen=True)
@@ -373,7 +363,8 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
     picked = list(owed.values_list(*_PICKED_FIELDS)[: args.limit])
     if not picked:
         return []
-    charged = _running(alias, [row[0] for row in picked if row[1] == DeliveryStatus.CLAIMED], args)
+    lapsed = [row[0] for row in picked if row[1] == DeliveryStatus.CLAIMED]
+    charged = running_ids(alias, lapsed, args.task_keys)
     alone = [row[0] in charged and row[5] not in args.task_keys for row in picked]
     kept = picked[: keep_count(alone, alone_ok=args.alone_ok)]
     if not kept:
@@ -410,31 +401,6 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
 
 # What the portable claim reads of each picked row, with the pick itself.
 _PICKED_FIELDS = ("id", "status", "claimed_by", "claimed_at", "claim_position", "receiver_key")
-
-
-def _running(alias: str, lapsed: Sequence[int], args: _ClaimArgs) -> set[int]:
-    """Of the picked rows still claimed by a lost worker, those it was running
-    (``lapse.running_sql``), read after the pick: a locking read would skip siblings."""
-    if not lapsed:
-        return set()
-    connection = connections[alias]
-    quote = connection.ops.quote_name
-    table = quote(_table(DeliveryRecord))
-    keys = list(args.task_keys)
-
-    def is_task(expr: str) -> str:
-        return f"({expr} IN ({', '.join(['%s'] * len(keys))}))" if keys else "(1 = 0)"
-
-    columns = ("status", "claim_position", "claimed_by", "claimed_at", "receiver_key")
-    row = {name: f"{table}.{quote(c)}" for name, c in zip(ROW_COLUMNS, columns, strict=True)}
-    sql = running_sql(row, delivery=table, is_task=is_task)
-    judged = (
-        DeliveryRecord.objects.using(alias)
-        .filter(id__in=lapsed)
-        .annotate(running=RawSQL(sql, [*keys, *keys], output_field=BooleanField()))
-        .values_list("id", "running")
-    )
-    return {pk for pk, running in judged if running}
 
 
 def _hand_back_unstarted(

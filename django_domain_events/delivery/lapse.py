@@ -24,16 +24,20 @@ line and the relay runs nothing else (``alone_ok``), and otherwise only the rows
 it; so a busy relay stops claiming until it is idle, and the row's turn comes.
 
 PostgreSQL applies the rule inside its one claim statement, the other databases in the
-portable claim: both test a row with ``running_sql`` and keep rows with ``keep_count``
-(whose SQL twin is ``KEPT_SQL``), and ``tests/test_lapse.py`` runs the same cases
-against each.
+portable claim (``running_ids``): both test a row with ``running_sql`` and keep rows
+with ``keep_count`` (whose SQL twin is ``KEPT_SQL``), and ``tests/test_lapse.py`` runs
+the same cases against each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
-from ..models import STATUS_SQL
+from django.db import connections
+from django.db.models import BooleanField
+from django.db.models.expressions import RawSQL
+
+from ..models import STATUS_SQL, DeliveryRecord
 
 # The columns of the row being judged, as the caller's SQL names them.
 ROW_COLUMNS = ("status", "position", "claimed_by", "claimed_at", "receiver_key")
@@ -74,3 +78,28 @@ CROSS JOIN (SELECT min(position) AS at FROM numbered WHERE alone) AS first_alone
 WHERE first_alone.at IS NULL OR n.position < first_alone.at
    OR (n.position = 1 AND %(alone_ok)s)
 """
+
+
+def running_ids(alias: str, lapsed: Sequence[int], task_keys: Collection[str]) -> set[int]:
+    """Of the ``lapsed`` rows a portable claim picked (still claimed by a lost worker),
+    those it was running, by ``running_sql``. Read after the pick, not in it: a locking
+    read would skip the siblings it looks at."""
+    if not lapsed:
+        return set()
+    quote = connections[alias].ops.quote_name
+    table = quote(DeliveryRecord._meta.db_table)
+    keys = list(task_keys)
+
+    def is_task(expr: str) -> str:
+        return f"({expr} IN ({', '.join(['%s'] * len(keys))}))" if keys else "(1 = 0)"
+
+    columns = ("status", "claim_position", "claimed_by", "claimed_at", "receiver_key")
+    row = {name: f"{table}.{quote(c)}" for name, c in zip(ROW_COLUMNS, columns, strict=True)}
+    sql = running_sql(row, delivery=table, is_task=is_task)
+    judged = (
+        DeliveryRecord.objects.using(alias)
+        .filter(id__in=lapsed)
+        .annotate(running=RawSQL(sql, [*keys, *keys], output_field=BooleanField()))
+        .values_list("id", "running")
+    )
+    return {pk for pk, running in judged if running}
