@@ -43,7 +43,7 @@ from .delivery.passes import default_worker_id, deliver_one
 from .delivery.run import call_receiver, refuse_awaitable
 from .delivery.wake import wake_after_commit
 from .models import DeliveryRecord, DeliveryStatus, EventRecord, database_alias
-from .scope import Cause, caused_by, current_cause, current_scope, suppression_for
+from .scope import Cause, Scope, caused_by, current_cause, current_scope, suppression_for
 
 logger = logging.getLogger("django_domain_events.fire")
 
@@ -68,31 +68,81 @@ def fire(
     suppression = suppression_for(type(evt))
     if suppression is not None and not suppression[1]:
         return None
-    settings = conf.get()
     alias = database_alias()
-    if settings.WARN_OUTSIDE_ATOMIC and not connections[alias].in_atomic_block:
+    if conf.get().WARN_OUTSIDE_ATOMIC and not connections[alias].in_atomic_block:
         warnings.warn(
             f"fire({plan.event.name}) outside transaction.atomic(): the event commits on "
             "its own, apart from the change it records. Wrap both in atomic().",
             OutsideAtomicWarning,
             stacklevel=2,
         )
+    occurred = clock.accept(occurred_at, what="fire(occurred_at=)") if occurred_at else None
+    return _record(plan, evt, occurred, dedupe_key, alias, None)[0]
+
+
+@dataclass(frozen=True)
+class Received:
+    """What a consumed message sets on its event row in place of the firing context.
+
+    The inbox (``inbox.py``) records a message through ``record_received``: the row is
+    attributed to the other service (``source``), continues its correlation chain and
+    trace, remembers the message (``origin``, stored as ``EventRecord.received``) and
+    gives every delivery row at most the message's lifetime (``expires_at``).
+    """
+
+    source: str
+    origin: dict[str, str]
+    correlation_id: str = ""
+    trace_context: str = ""
+    expires_at: datetime | None = None
+
+
+def record_received(
+    evt: object, *, occurred_at: datetime, dedupe_key: str, received: Received
+) -> tuple[int, bool]:
+    """Record a consumed message's event exactly as ``fire()`` records a local one.
+
+    Returns ``(event id, created)``: ``created`` is False when ``dedupe_key`` (the inbox
+    key of the message's source and id) is already held, and then nothing is written.
+    """
+    found, created = _record(
+        _plan_for(type(evt)), evt, occurred_at, dedupe_key, database_alias(), received
+    )
+    assert found is not None  # a suppression with record=False is the only None
+    return found, created
+
+
+def _record(
+    plan: _Plan,
+    evt: object,
+    occurred_at: datetime | None,
+    dedupe_key: str | None,
+    alias: str,
+    received: Received | None,
+) -> tuple[int | None, bool]:
+    """The one path of ``fire()`` and the inbox: ``(event id, whether it was written)``."""
+    suppression = suppression_for(type(evt))
+    if suppression is not None and not suppression[1]:
+        return None, False
     recorded_at = clock.now()
-    occurred = clock.accept(occurred_at, what="fire(occurred_at=)") if occurred_at else recorded_at
-    record = _event_row(plan.event, evt, occurred, recorded_at, dedupe_key, suppression, alias)
+    occurred = occurred_at or recorded_at
+    record = _event_row(
+        plan.event, evt, occurred, recorded_at, dedupe_key, suppression, alias, received
+    )
     durable = () if suppression is not None else plan.durable
+    expires_at = received.expires_at if received is not None else None
     # Rows that need no user code are known now, and go out with the event row: one
     # statement on PostgreSQL. targets= and due= callables run once the event row exists,
     # as they always have: they are given its id, and a duplicate must not run them.
-    rows = [] if plan.calls_user_code else _delivery_rows(record, evt, durable)
+    rows = [] if plan.calls_user_code else _delivery_rows(record, evt, durable, expires_at)
     with transaction.atomic(using=alias, savepoint=False):
         existing, eager_ids = _insert_event(alias, record, rows, plan.eager_keys)
         if existing is not None:
-            return existing
+            return existing, False
         if suppression is not None:
-            return record.pk
+            return record.pk, True
         if plan.calls_user_code:
-            rows = _delivery_rows(record, evt, durable)
+            rows = _delivery_rows(record, evt, durable, expires_at)
             eager_ids = _insert_deliveries(alias, record.pk, rows, plan.eager_keys)
         if plan.scheduled and rows:
             tally.record(alias, entered=[(row.receiver_key, row.due_at) for row in rows])
@@ -108,7 +158,7 @@ def fire(
         if signals.event_recorded.has_listeners(type(evt)):
             recorded = partial(_send_recorded, record, evt, len(rows))
             transaction.on_commit(recorded, using=alias)
-    return record.pk
+    return record.pk, True
 
 
 def _send_recorded(record: EventRecord, evt: object, deliveries: int) -> None:
@@ -198,10 +248,16 @@ def _event_row(
     dedupe_key: str | None,
     suppression: tuple[str, bool] | None,
     alias: str,
+    received: Received | None = None,
 ) -> EventRecord:
-    scope = current_scope()
-    cause = current_cause()
     retention = registered.retention
+    if received is None:
+        scope, cause = current_scope(), current_cause()
+        correlation_id, trace_context = _correlation(alias, cause), tracing.current()
+    else:  # attributed to the other service, continuing its chain and trace
+        scope, cause = Scope(actor_key=received.source, actor_label=received.source), None
+        correlation_id = received.correlation_id or uuid.uuid4().hex
+        trace_context = received.trace_context
     return EventRecord(
         name=registered.name,
         version=registered.version,
@@ -212,7 +268,7 @@ def _event_row(
         actor_key=scope.actor_key,
         actor_label=scope.actor_label,
         scope=scope.values,
-        correlation_id=_correlation(alias, cause),
+        correlation_id=correlation_id,
         causation_id=cause.event_id if cause else None,
         dedupe_key=dedupe_key,
         suppressed_reason=suppression[0] if suppression else "",
@@ -221,7 +277,8 @@ def _event_row(
         else None,
         delete_when=retention.value if isinstance(retention, Retention) else "",
         prune_after=recorded_at + retention if isinstance(retention, timedelta) else None,
-        trace_context=tracing.current(),
+        trace_context=trace_context,
+        received=received.origin if received is not None else None,
     )
 
 
@@ -505,13 +562,21 @@ def resolve_due(
 
 
 def _delivery_rows(
-    record: EventRecord, evt: object, receivers: Iterable[RegisteredReceiver]
+    record: EventRecord,
+    evt: object,
+    receivers: Iterable[RegisteredReceiver],
+    message_expiry: datetime | None = None,
 ) -> list[_Row]:
-    """The rows the durable ``receivers`` are owed, as plain tuples (no model instances)."""
+    """The rows the durable ``receivers`` are owed, as plain tuples (no model instances).
+
+    A consumed message's expiry caps each row's lifetime: the earlier end wins.
+    """
     rows = []
     for receiver in receivers:
         due_at = resolve_due(receiver, evt, record.occurred_at, record.recorded_at)
         expires_at = receiver_lifetime_end(receiver, due_at)
+        if message_expiry is not None:
+            expires_at = message_expiry if expires_at is None else min(expires_at, message_expiry)
         for target in resolve_targets(record, evt, receiver):
             rows.append(_Row(receiver.key, target, receiver.max_attempts, due_at, expires_at))
     return rows
