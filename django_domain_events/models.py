@@ -420,8 +420,10 @@ class DeadMessage(models.Model):
     source = models.CharField(max_length=255, blank=True, default="")
     message_id = models.CharField(max_length=255, blank=True, default="")
     type = models.CharField(max_length=255, blank=True, default="")
-    # The transport's headers as received (names and values as text) and the body, raw.
+    # The transport's headers as received (names and values as text) and the body, raw;
+    # the CloudEvents attributes read from them, which a retry reads the message with.
     headers = models.JSONField(default=dict, blank=True)
+    attributes = models.JSONField(default=dict, blank=True)
     body = models.BinaryField()
     reason = models.TextField()
     received_at = models.DateTimeField(db_index=True)
