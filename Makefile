@@ -12,7 +12,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,celery,prometheus,opentelemetry
+EXTRAS := dev,celery,prometheus,opentelemetry,rabbitmq,nats,redis
 
 # Extra arguments for every pytest run, e.g. make test PYTEST_ARGS="-k relay -x"
 PYTEST_ARGS ?=

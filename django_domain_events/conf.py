@@ -42,6 +42,10 @@ class Settings:
     AROUND_DELIVERY: str | None = None
     MESSAGE_TTL_SECONDS: float | None = None
     DEAD_LETTER_TTL_SECONDS: float | None = None
+    # contrib.brokers: named brokers (checked by contrib/brokers/config.py) and the
+    # CloudEvents ``source`` of what this service publishes (None: the project's name).
+    BROKERS: Any = None
+    EVENT_SOURCE: str | None = None
 
 
 KEYS = tuple(f.name for f in fields(Settings))
@@ -125,6 +129,15 @@ def problems(raw: object) -> list[str]:
         found.append(
             f"{SETTINGS_NAME}['TASK_BACKEND'] must be a dotted path or a dict with a "
             f"'BACKEND' dotted path, not {backend!r}."
+        )
+    source = raw.get("EVENT_SOURCE")
+    if source is not None and (not isinstance(source, str) or not source.strip()):
+        found.append(f"{SETTINGS_NAME}['EVENT_SOURCE'] must be a non-empty string, not {source!r}.")
+    brokers = raw.get("BROKERS")
+    if brokers is not None and not isinstance(brokers, dict):
+        found.append(
+            f"{SETTINGS_NAME}['BROKERS'] must be a dict of broker name -> {{'URL': ...}}, "
+            f"not {brokers!r}."
         )
     return found
 

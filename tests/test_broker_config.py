@@ -1,0 +1,107 @@
+"""The BROKERS setting, publish() declarations and their checks (no broker needed)."""
+
+import importlib.util
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from django_domain_events.contrib.brokers import config
+
+
+def brokers(**entries):
+    return override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": entries})
+
+
+def test_the_url_scheme_picks_the_transport_and_other_keys_are_options():
+    with brokers(
+        default={"URL": "amqp://guest:guest@127.0.0.1:5672/%2F"},
+        js={"URL": "nats://127.0.0.1:4222", "DUPLICATE_WINDOW_SECONDS": 60},
+        streams={"URL": "redis://127.0.0.1:6379/0", "MAXLEN": 1000},
+    ):
+        configs = config.brokers()
+    assert {name: c.transport for name, c in configs.items()} == {
+        "default": "rabbitmq",
+        "js": "nats",
+        "streams": "redis",
+    }
+    assert configs["js"].options["DUPLICATE_WINDOW_SECONDS"] == 60
+    assert configs["streams"].options["MAXLEN"] == 1000
+    assert configs["default"].confirm_timeout == 10.0
+    assert configs["default"].safe_url == "amqp://guest:***@127.0.0.1:5672/%2F"
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"URL": "kafka://host"}, "the scheme 'kafka://' names no transport; use one of amqp://"),
+        ({"URL": "amqp://host:port/"}, "is not a valid URL"),
+        ({"URL": "nats://"}, "has no host"),
+        ({"url": "amqp://host/"}, "must be a dict with a 'URL' string"),
+        ({"URL": "amqp://h/", "MAXLEN": 5}, "'MAXLEN'] is not an option of rabbitmq brokers"),
+        ({"URL": "redis://h/", "MAXLEN": 0}, "must be None or a whole number >= 1"),
+        ({"URL": "amqp://h/", "CONFIRM_TIMEOUT_SECONDS": -1}, "must be a positive number"),
+    ],
+)
+def test_problems_name_the_broker_the_bad_value_and_the_fix(entry, message):
+    found = config.problems({"b": entry}, installed=False)
+    assert len(found) == 1
+    assert "['BROKERS']['b']" in found[0]
+    assert message in found[0]
+    with brokers(b=entry), pytest.raises(ImproperlyConfigured, match="'b'"):
+        config.brokers()
+
+
+def test_a_missing_client_library_is_named_with_its_extra(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "nats" else real(name, *a)
+    )
+    found = config.problems({"js": {"URL": "nats://127.0.0.1:4222"}})
+    assert found == [
+        "DJANGO_DOMAIN_EVENTS['BROKERS']['js'] is a nats broker, and its client library (nats) "
+        "is not installed: pip install 'django-domain-outbox[nats]'."
+    ]
+
+
+def test_an_unknown_broker_name_lists_the_configured_ones():
+    with (
+        brokers(default={"URL": "redis://127.0.0.1/"}),
+        pytest.raises(
+            ImproperlyConfigured, match=r"no broker named 'other'.*configured: 'default'"
+        ),
+    ):
+        config.broker("other")
+
+
+@pytest.mark.parametrize(
+    ("transport", "to", "fine"),
+    [
+        ("rabbitmq", "orders", True),
+        ("rabbitmq", "amq.topic", False),
+        ("rabbitmq", "has space", False),
+        ("nats", "orders.eu", True),
+        ("nats", "orders.*", False),
+        ("nats", "orders.", False),
+        ("redis", "any thing:goes", True),
+        ("redis", "", False),
+    ],
+)
+def test_destination_names(transport, to, fine):
+    assert (config.destination_problem(transport, to) == "") is fine
+
+
+def test_nats_stream_names_replace_what_nats_forbids():
+    assert config.nats_stream_name("orders.eu") == "orders_eu"
+    assert config.nats_stream_name("a/b\\c d") == "a_b_c_d"
+
+
+def test_event_source_defaults_to_the_settings_package_and_can_be_set():
+    assert config.event_source() == "tests"
+    with override_settings(DJANGO_DOMAIN_EVENTS={"EVENT_SOURCE": "shop"}):
+        assert config.event_source() == "shop"
+    with (
+        override_settings(DJANGO_DOMAIN_EVENTS={"EVENT_SOURCE": ""}),
+        pytest.raises(ImproperlyConfigured, match="EVENT_SOURCE"),
+    ):
+        config.event_source()
