@@ -262,16 +262,21 @@ def _run_claims(state: Pass, lane: str, claims: Sequence[Claim], now: datetime) 
             release(claims[index:])
             return
         group = _batch_acked(claims, index)
+        batched = _batch_delivered(claims, index)
         if len(group) > 1:
             results: list[Result] = list(attempt_group(group, now=now, decoded=decoded))
+        elif batched:  # e.g. contrib.brokers: one publish with confirms for the run
+            group = batched
+            func: Any = registry.receiver(group[0].receiver_key).func  # type: ignore[union-attr]
+            results = list(func.deliver_batch(group, now=now))
         else:
             group = [claims[index]]
             results = [run_one(claims[index], now, decoded)]
         index += len(group)
         pause = 0.0
         for claim, result in zip(group, results, strict=True):
-            if result is None:  # handed to the task queue
-                if state.now is not None:
+            if result is None:  # handed to the task queue, or back (a broker outage)
+                if state.now is not None or state.ignore_backoff:
                     state.excluded.add(claim.id)
                 continue
             pause = max(pause, state.note(claim, *result))
@@ -288,6 +293,25 @@ def _batch_acked(claims: Sequence[Claim], start: int) -> list[Claim]:
         receiver = registry.receiver(claim.receiver_key)
         if receiver is None or receiver.ack != "batch" or receiver.site != "relay":
             break
+        group.append(claim)
+    return group
+
+
+def _batch_delivered(claims: Sequence[Claim], start: int) -> list[Claim]:
+    """The run of rows from ``start`` whose receivers deliver many rows at once: their
+    function has ``deliver_batch(claims, now=)`` and the same ``batch_group`` (empty when
+    there is none). A broker publish is one (``contrib.brokers``)."""
+    group: list[Claim] = []
+    first: object = None
+    for claim in claims[start:]:
+        receiver = registry.receiver(claim.receiver_key)
+        func = receiver.func if receiver is not None and receiver.durable else None
+        group_key = getattr(func, "batch_group", None)
+        if group_key is None or not callable(getattr(func, "deliver_batch", None)):
+            break
+        if group and group_key != first:
+            break
+        first = group_key
         group.append(claim)
     return group
 

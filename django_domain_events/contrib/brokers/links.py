@@ -1,0 +1,122 @@
+"""A process's connection to each broker: connect, publish, ride out outages.
+
+One ``Link`` per broker per process, kept open across passes and reconnected after a
+failure. While the broker is down, rows are handed back without trying it again until
+``RETRY_CONNECT_SECONDS`` have passed (the probe is the next connection attempt), and
+the outage is logged once when it starts and once when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from django.core.signals import setting_changed
+
+from ... import conf
+from .config import BrokerConfig, broker
+from .transport import BrokerDown, Confirmations, Outgoing, Transport, make_transport, run
+
+logger = logging.getLogger("django_domain_events.brokers")
+
+
+class Link:
+    """The connection to one broker and whether it is down."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.transport: Transport | None = None
+        self.down_since: float | None = None  # monotonic
+        self.next_try = 0.0
+
+    def send(self, messages: Sequence[Outgoing]) -> Confirmations:
+        """Publish ``messages``; per message None (confirmed) or why not."""
+        if not messages:
+            return []
+        transport = self.transport or self._connect()
+        if transport is None:
+            return [BrokerDown(f"broker {self.config.name!r} is down")] * len(messages)
+        try:
+            results = run(transport.publish(messages), self.config.confirm_timeout + 5)
+        except TimeoutError:
+            results = [BrokerDown("no answer from the broker")] * len(messages)
+        down = next((r for r in results if isinstance(r, BrokerDown)), None)
+        if down is not None:
+            self._went_down(down)
+        return results
+
+    def _connect(self) -> Transport | None:
+        if self.down_since is not None and time.monotonic() < self.next_try:
+            return None
+        transport = make_transport(self.config)
+        try:
+            run(transport.connect(), self.config.connect_timeout + 5)
+        except (BrokerDown, TimeoutError) as error:
+            self._went_down(error)
+            return None
+        self.transport = transport
+        if self.down_since is not None:
+            logger.warning(
+                "Broker %r (%s) is reachable again after %.1fs; publishing resumes.",
+                self.config.name,
+                self.config.safe_url,
+                time.monotonic() - self.down_since,
+            )
+            self.down_since = None
+        return transport
+
+    def _went_down(self, error: BaseException) -> None:
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            with contextlib.suppress(Exception):  # a broken connection may not close cleanly
+                run(transport.close(), 5)
+        self.next_try = time.monotonic() + self.config.retry_connect
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            logger.error(
+                "Broker %r (%s) is unreachable (%s): its rows are handed back uncharged and "
+                "tried again every %ss until it answers.",
+                self.config.name,
+                self.config.safe_url,
+                error,
+                self.config.retry_connect,
+            )
+
+    def close(self) -> None:
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            run(transport.close(), 5)
+
+
+_links: dict[str, Link] = {}
+_lock = threading.Lock()
+
+
+def link(name: str) -> Link:
+    """This process's link to the broker ``name``, made on first use."""
+    with _lock:
+        found = _links.get(name)
+        if found is None:
+            found = _links[name] = Link(broker(name))
+        return found
+
+
+def close_all() -> None:
+    """Close every link (tests, and settings that changed)."""
+    with _lock:
+        links = list(_links.values())
+        _links.clear()
+    for each in links:
+        with contextlib.suppress(Exception):
+            each.close()
+
+
+def _reset(*, setting: str, **kwargs: object) -> None:
+    if setting == conf.SETTINGS_NAME:
+        close_all()
+
+
+setting_changed.connect(_reset)

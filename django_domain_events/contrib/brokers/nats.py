@@ -1,0 +1,117 @@
+"""NATS JetStream: subject ``<to>.<type>`` in the stream capturing ``<to>.>``.
+
+Each message carries ``Nats-Msg-Id`` = the CloudEvent's id, so a resend within the
+stream's duplicate window is dropped by JetStream itself. A batch is sent with
+``publish_async`` (every PubAck outstanding at once) and then awaited. The stream is
+created when missing (named by ``config.nats_stream_name``, file storage, the
+``DUPLICATE_WINDOW_SECONDS`` option); an existing stream is used as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import nats
+from nats.errors import ConnectionClosedError, NoServersError, StaleConnectionError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import NotFoundError
+
+from . import envelope
+from .config import BrokerConfig, nats_stream_name
+from .transport import BrokerDown, Confirmations, Outgoing, Refused
+
+_DOWN = (ConnectionClosedError, NoServersError, StaleConnectionError, OSError)
+
+
+class Publisher:
+    """One NATS connection and its JetStream context, kept for the life of the process."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.nc: Any = None
+        self.js: Any = None
+        self.streams: set[str] = set()
+
+    async def connect(self) -> None:
+        try:
+            self.nc = await nats.connect(
+                self.config.url,
+                connect_timeout=self.config.connect_timeout,
+                allow_reconnect=False,  # a broken connection is an outage; we reconnect
+                max_reconnect_attempts=0,
+            )
+        except (TimeoutError, *_DOWN, NatsTimeoutError) as error:
+            raise BrokerDown(f"{type(error).__name__}: {error}") from error
+        self.js = self.nc.jetstream(timeout=self.config.confirm_timeout)
+        self.streams = set()
+
+    async def ensure_stream(self, to: str) -> None:
+        """Create the stream capturing ``<to>.>`` unless it exists."""
+        name = nats_stream_name(to)
+        if name in self.streams:
+            return
+        try:
+            await self.js.stream_info(name)
+        except NotFoundError:
+            window = float(self.config.options["DUPLICATE_WINDOW_SECONDS"])
+            await self.js.add_stream(name=name, subjects=[f"{to}.>"], duplicate_window=window)
+        self.streams.add(name)
+
+    async def publish(self, messages: Sequence[Outgoing]) -> Confirmations:
+        results: Confirmations = [None] * len(messages)
+        futures: dict[int, asyncio.Future[Any]] = {}
+        try:
+            for to in {message.to for message in messages}:
+                await self.ensure_stream(to)
+            for index, message in enumerate(messages):
+                env = message.envelope
+                subject = f"{message.to}.{env.type}"
+                futures[index] = await self.js.publish_async(
+                    subject, env.data, headers=envelope.to_nats(env)
+                )
+        except _DOWN as error:
+            return self._down(messages, error, futures)
+        except Exception as error:
+            if self._broken():
+                return self._down(messages, error, futures)
+            for index in range(len(futures), len(messages)):
+                results[index] = Refused(f"NATS refused {messages[index].to!r}: {error}")
+        await self._wait(futures, results)
+        if any(r is not None for r in results) and self._broken():
+            return [BrokerDown("the connection to NATS broke") if r else r for r in results]
+        return results
+
+    async def _wait(self, futures: dict[int, asyncio.Future[Any]], results: Confirmations) -> None:
+        if not futures:
+            return
+        await asyncio.wait(futures.values(), timeout=self.config.confirm_timeout)
+        for index, future in futures.items():
+            if not future.done():
+                future.cancel()
+                results[index] = Refused(
+                    f"no PubAck within {self.config.confirm_timeout}s (CONFIRM_TIMEOUT_SECONDS)"
+                )
+            elif future.exception() is not None:
+                results[index] = Refused(f"JetStream refused it: {future.exception()}")
+
+    def _broken(self) -> bool:
+        return self.nc is None or not self.nc.is_connected
+
+    def _down(
+        self,
+        messages: Sequence[Outgoing],
+        error: BaseException,
+        futures: dict[int, asyncio.Future[Any]],
+    ) -> Confirmations:
+        for future in futures.values():
+            future.cancel()
+        return [BrokerDown(f"{type(error).__name__}: {error}") for _ in messages]
+
+    async def close(self) -> None:
+        nc, self.nc, self.js = self.nc, None, None
+        if nc is not None:
+            with contextlib.suppress(Exception):  # a broken connection may not close cleanly
+                await nc.close()

@@ -1,0 +1,253 @@
+"""``publish()``: a durable delivery per event to a broker destination, and the relay's
+side of it: a claimed batch sent with confirms outstanding, acknowledged in one commit.
+
+A publish is a receiver (key ``brokers:<broker>:<to>[:<event name>]``) whose function is
+a ``Publication``, so retries, lifetimes, dead letters, lanes, the admin, the signals
+and the metrics apply unchanged. The relay hands a run of such rows of one broker to
+``deliver_batch`` (the ``deliver_batch`` hook of ``delivery.passes``): every message is
+sent, the confirms awaited, the confirmed rows acknowledged by one ``UPDATE``, a refused
+message recorded as a failed attempt with the broker's reason, and the rows a broker
+outage left unconfirmed handed back uncharged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+
+from ... import clock
+from ...declare import AnyEvent, receiver, registry
+from ...delivery.claim import Claim, database_alias, event_payload, release
+from ...delivery.group import _acknowledge_all
+from ...delivery.outcomes import DeliveryContext
+from ...delivery.run import Ready, prepare, record_failure, report_success
+from ...models import DeliveryRecord, DeliveryStatus, EventRecord
+from . import envelope
+from .config import broker as broker_config
+from .config import destination_problem, event_source
+from .links import link
+from .transport import BrokerDown, Outgoing
+
+Result = tuple[DeliveryStatus | None, Any] | None
+
+# receiver options a publish decides itself
+_NOT_OPTIONS = ("mode", "takes_context", "targets", "ack", "site")
+
+
+@dataclass(frozen=True)
+class Publication:
+    """What one ``publish()`` declared: the broker, the destination and the key."""
+
+    broker: str
+    to: str
+    key: Callable[[Any], Any] | None = None
+
+    @property
+    def batch_group(self) -> str:
+        """Rows of one broker are sent together (see ``delivery.passes``)."""
+        return self.broker
+
+    def __call__(self, evt: Any, ctx: DeliveryContext) -> None:
+        """One row outside the relay's batches (``deliver_one``): send it, await the
+        confirm; a broker down is a failed attempt here, charged like any other."""
+        record = DeliveryRecord.objects.using(database_alias()).select_related("event")
+        delivery = record.get(pk=int(ctx.delivery_id or 0))
+        event = delivery.event
+        row = Row(
+            event_id=event.pk,
+            delivery_id=delivery.pk,
+            name=event.name,
+            version=event.version,
+            payload=event.payload,
+            occurred_at=event.occurred_at,
+            correlation_id=event.correlation_id,
+            causation_id=event.causation_id,
+            trace_context=event.trace_context,
+            expires_at=delivery.expires_at,
+        )
+        message = Outgoing(self.to, make_envelope(self, evt, row))
+        (result,) = link(self.broker).send([message])
+        if result is not None:
+            raise result
+
+    def deliver_batch(self, claims: Sequence[Claim], *, now: datetime) -> list[Result]:
+        """Publish ``claims`` (rows of this broker) together; see the module docstring."""
+        return deliver_batch(self.broker, claims, now=now)
+
+
+def publish(
+    event_cls: type,
+    *,
+    to: str,
+    broker: str = "default",
+    key: Callable[[Any], Any] | None = None,
+    **receiver_options: Any,
+) -> Publication:
+    """Publish every ``event_cls`` event (or every event: ``AnyEvent``) to ``to`` on the
+    broker ``broker``, as a durable delivery acknowledged on the broker's confirm.
+
+    ``key(evt)`` gives the message's partition key (``partitionkey``); the receiver
+    options (``lane``, ``retry``, ``ttl``, ``max_attempts``...) apply to the delivery.
+    """
+    config = broker_config(broker)
+    problem = destination_problem(config.transport, to)
+    if problem:
+        raise ValueError(f"publish({_name(event_cls)}, {problem[:-1]} on broker {broker!r}.")
+    if key is not None and not callable(key):
+        raise TypeError(
+            f"publish({_name(event_cls)}, key=) must be a function of the event returning "
+            f"the partition key, not {key!r}."
+        )
+    for option in _NOT_OPTIONS:
+        if option in receiver_options:
+            raise TypeError(
+                f"publish() decides {option}= itself (one durable row per event and "
+                "destination); drop it."
+            )
+    publication = Publication(broker, to, key)
+    suffix = "" if event_cls is AnyEvent else f":{_name(event_cls)}"
+    receiver(
+        event_cls, key=f"brokers:{broker}:{to}{suffix}", takes_context=True, **receiver_options
+    )(publication)
+    return publication
+
+
+def _name(event_cls: Any) -> str:
+    if event_cls is AnyEvent:
+        return "AnyEvent"
+    registered = registry.event_for_class(event_cls) if isinstance(event_cls, type) else None
+    return registered.name if registered is not None else repr(event_cls)
+
+
+@dataclass(frozen=True)
+class Row:
+    """What the message of one delivery row is made of (from a claim or the rows)."""
+
+    event_id: int
+    delivery_id: int
+    name: str
+    version: int
+    payload: Any
+    occurred_at: datetime
+    correlation_id: str
+    causation_id: int | None
+    trace_context: str
+    expires_at: datetime | None
+
+
+def make_envelope(publication: Publication, evt: Any, row: Row) -> envelope.Envelope:
+    """The CloudEvent of one delivery row; the id is ``<event id>.<delivery id>``, the
+    same on every resend."""
+    traceparent, tracestate = _trace(row.trace_context)
+    key = publication.key(evt) if publication.key is not None else None
+    return envelope.build(
+        id=f"{row.event_id}.{row.delivery_id}",
+        source=event_source(),
+        type=row.name,
+        data=json.dumps(row.payload, separators=(",", ":"), ensure_ascii=False).encode(),
+        time=row.occurred_at,
+        payloadversion=row.version,
+        correlationid=row.correlation_id,
+        causationid=str(row.causation_id) if row.causation_id is not None else None,
+        traceparent=traceparent,
+        tracestate=tracestate,
+        partitionkey=str(key) if key is not None else None,
+        expirytime=row.expires_at,
+    )
+
+
+def _trace(stored: str) -> tuple[str | None, str | None]:
+    """``(traceparent, tracestate)`` from the trace context stored at fire."""
+    if not stored:
+        return None, None
+    if not stored.startswith("{"):
+        return stored, None
+    try:
+        carrier = json.loads(stored)
+    except ValueError:
+        return None, None
+    return carrier.get("traceparent"), carrier.get("tracestate")
+
+
+def deliver_batch(broker: str, claims: Sequence[Claim], *, now: datetime) -> list[Result]:
+    """Send every row, await the confirms, acknowledge the confirmed ones in one commit."""
+    alias = database_alias()
+    results: dict[int, Result] = {}
+    decoded: dict[int, Any] = {}
+    ready: list[Ready] = []
+    for claim in claims:
+        prepared = prepare(alias, claim, now, decoded)
+        if isinstance(prepared, Ready):
+            ready.append(prepared)
+        else:
+            results[claim.id] = prepared
+    causes = dict(
+        EventRecord.objects.using(alias)
+        .filter(pk__in={row.claim.event_id for row in ready})
+        .values_list("pk", "causation_id")
+    )
+    messages: list[tuple[Ready, Outgoing]] = []
+    for row in ready:
+        publication: Any = row.receiver.func
+        try:
+            env = _claim_envelope(publication, row, causes.get(row.claim.event_id))
+        except Exception as error:  # key= raised: this row's failure
+            results[row.claim.id] = record_failure(row.claim, row.receiver, error, now=now)
+            continue
+        messages.append((row, Outgoing(publication.to, env)))
+    confirmations = link(broker).send([message for _, message in messages])
+    results.update(_settle(alias, messages, confirmations, now))
+    return [results[claim.id] for claim in claims]
+
+
+def _claim_envelope(publication: Publication, ready: Ready, causation: int | None) -> Any:
+    claim = ready.claim
+    row = Row(
+        event_id=claim.event_id,
+        delivery_id=claim.id,
+        name=claim.event_name,
+        version=claim.event_version,
+        payload=event_payload(claim),
+        occurred_at=claim.occurred_at,
+        correlation_id=claim.correlation_id,
+        causation_id=causation,
+        trace_context=claim.trace_context,
+        expires_at=claim.expires_at,
+    )
+    return make_envelope(publication, ready.evt, row)
+
+
+def _settle(
+    alias: str,
+    messages: Sequence[tuple[Ready, Outgoing]],
+    confirmations: Sequence[BaseException | None],
+    now: datetime,
+) -> dict[int, Result]:
+    """Acknowledge the confirmed rows together, hand back the outage's, fail the refused."""
+    results: dict[int, Result] = {}
+    confirmed = [row for (row, _), c in zip(messages, confirmations, strict=True) if c is None]
+    if confirmed:
+        with transaction.atomic(using=alias):
+            _acknowledge_all(alias, [row.claim for row in confirmed])
+        for row in confirmed:
+            report_success(row.claim)
+            results[row.claim.id] = (DeliveryStatus.SUCCEEDED, None)
+    down = [
+        row
+        for (row, _), c in zip(messages, confirmations, strict=True)
+        if isinstance(c, BrokerDown)
+    ]
+    if down:
+        func: Any = down[0].receiver.func
+        retry = timedelta(seconds=link(func.broker).config.retry_connect)
+        release([row.claim for row in down], now=clock.now() + retry)
+        results.update({row.claim.id: None for row in down})
+    for (row, _), error in zip(messages, confirmations, strict=True):
+        if error is not None and not isinstance(error, BrokerDown):
+            results[row.claim.id] = record_failure(row.claim, row.receiver, error, now=now)
+    return results
