@@ -68,9 +68,9 @@ class Command(OutboxCommand):
         """``--inbox``: the same three verbs over dead inbox entries (``inbox.py``)."""
         for flag in ("receiver", "event_name", "older_than"):
             if options.get(flag) is not None:
-                name = "--" + flag.replace("_", "-")
+                shown = "--" + flag.replace("_", "-")
                 raise CommandError(
-                    f"{name} scopes dead deliveries; with --inbox use --subscription."
+                    f"{shown} scopes dead deliveries; with --inbox use --subscription."
                 )
         name = options.get("subscription")
         if options["action"] == "dump":
