@@ -102,29 +102,29 @@ class _Worker:
         self.failures = 0  # outages in a row, broker or database
         self.counts: Counter[str] = Counter()
 
-    def step(self, wait: float) -> bool:
-        """Fetch, record and acknowledge one batch; False when there was none (or the
-        broker or the database is down: then it waits out its backoff first)."""
+    def step(self, wait: float) -> Counter[str] | None:
+        """Fetch, record and acknowledge one batch and count its outcomes; None when there
+        was none (or the broker or the database is down: then it waits out its backoff)."""
         try:
             consumer = self._connected()
             batch = run(consumer.fetch(self.subscription.batch_size, wait), wait + 30)
         except Exception as error:
             self._down(f"broker {self.config.name!r} ({self.config.safe_url})", error)
-            return False
+            return None
         if not batch:
-            return False
+            return None
         try:
             counts = record_batch(self.subscription, [fetched.message for fetched in batch])
         except DatabaseError as error:
             self._database_down(consumer, batch, error)
-            return False
+            return None
         self.counts.update(counts)
         self.backoff, self.failures = _BACKOFF_START, 0
         try:
             run(consumer.ack(batch), 30)
         except Exception as error:  # committed: a redelivery will be found recorded
             self._down("acknowledging a recorded batch", error)
-        return True
+        return counts
 
     def _connected(self) -> Consumer:
         if self.consumer is None:
@@ -205,7 +205,8 @@ def run_consumer(
 ) -> Counter[str]:
     """Consume every declared subscription (or the ones named) until ``stop`` is set;
     with ``once``, until each has nothing left to fetch. Returns the outcomes counted
-    (``recorded``, ``duplicate``, ``dead``, ``ignored``)."""
+    (``recorded``, ``duplicate``, ``dead``, ``ignored``); ``on_batch(subscription,
+    counts)`` is called with each batch's, once it is committed and acknowledged."""
     workers = [_Worker(s, worker_id or default_worker_id()) for s in selected(broker, subscription)]
     stop = stop or threading.Event()
     restore = _stop_on_signals(stop)
@@ -215,10 +216,10 @@ def run_consumer(
             for index, worker in enumerate(workers):
                 if stop.is_set():
                     break
-                worked = worker.step(wait / len(workers) if not once else wait)
-                if worked and on_batch is not None:
-                    on_batch(worker.subscription, worker.counts)
-                if once and not worked and worker.consumer is not None:
+                counts = worker.step(wait / len(workers) if not once else wait)
+                if counts is not None and on_batch is not None:
+                    on_batch(worker.subscription, counts)
+                if once and counts is None and worker.consumer is not None:
                     pending.discard(index)
                 if once and worker.failures >= _ONCE_FAILURES:
                     raise ConsumerHalted(
