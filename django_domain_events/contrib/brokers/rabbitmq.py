@@ -125,7 +125,7 @@ class Publisher:
         return results
 
     def _broken(self) -> bool:
-        return self.connection is None or self.connection.is_closed
+        return _broken(self.connection)
 
     async def close(self) -> None:
         connection, self.connection, self.channel = self.connection, None, None
@@ -173,7 +173,7 @@ class Consumer:
             raise BrokerDown(f"{type(error).__name__}: {error}") from error
 
     async def fetch(self, limit: int, wait: float) -> list[Any]:
-        if self.connection is None or self.connection.is_closed:
+        if _broken(self.connection):
             raise BrokerDown("the connection to RabbitMQ is closed")
         try:
             first = await asyncio.wait_for(self.received.get(), wait)
@@ -195,6 +195,12 @@ class Consumer:
         if connection is not None:
             with contextlib.suppress(Exception):
                 await connection.close()
+
+
+def _broken(connection: Any) -> bool:
+    """Whether the connection is gone. aio-pika leaves ``is_closed`` False when the broker
+    closed it (a restart): ``connected`` is cleared then, so both are read."""
+    return connection is None or connection.is_closed or not connection.connected.is_set()
 
 
 def _amqp_message(incoming: Any) -> Any:
