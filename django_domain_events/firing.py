@@ -139,26 +139,81 @@ def _record(
         existing, eager_ids = _insert_event(alias, record, rows, plan.eager_keys)
         if existing is not None:
             return existing, False
-        if suppression is not None:
-            return record.pk, True
-        if plan.calls_user_code:
-            rows = _delivery_rows(record, evt, durable, expires_at)
-            eager_ids = _insert_deliveries(alias, record.pk, rows, plan.eager_keys)
-        if plan.scheduled and rows:
-            tally.record(alias, entered=[(row.receiver_key, row.due_at) for row in rows])
-        for receiver in plan.inline:
-            with caused_by(record.pk, record.correlation_id):
-                call_receiver(receiver, evt, inline_context(record, receiver))
-        for receiver in plan.on_commit:
-            transaction.on_commit(partial(_run_on_commit, record, evt, receiver), using=alias)
-        if eager_ids:
-            transaction.on_commit(partial(_attempt_eagerly, eager_ids), using=alias)
-        if rows:
-            wake_after_commit(alias)
-        if signals.event_recorded.has_listeners(type(evt)):
-            recorded = partial(_send_recorded, record, evt, len(rows))
-            transaction.on_commit(recorded, using=alias)
+        if suppression is None:
+            _after_insert(plan, evt, record, rows, eager_ids, alias, durable, expires_at)
     return record.pk, True
+
+
+def _after_insert(
+    plan: _Plan,
+    evt: object,
+    record: EventRecord,
+    rows: list[_Row],
+    eager_ids: list[int],
+    alias: str,
+    durable: Sequence[RegisteredReceiver],
+    expires_at: datetime | None,
+) -> None:
+    """Once the event row is written: the rows needing user code, the tally, ``INLINE``
+    receivers, and what runs after commit."""
+    if plan.calls_user_code:
+        rows = _delivery_rows(record, evt, durable, expires_at)
+        eager_ids = _insert_deliveries(alias, record.pk, rows, plan.eager_keys)
+    if plan.scheduled and rows:
+        tally.record(alias, entered=[(row.receiver_key, row.due_at) for row in rows])
+    for receiver in plan.inline:
+        with caused_by(record.pk, record.correlation_id):
+            call_receiver(receiver, evt, inline_context(record, receiver))
+    for receiver in plan.on_commit:
+        transaction.on_commit(partial(_run_on_commit, record, evt, receiver), using=alias)
+    if eager_ids:
+        transaction.on_commit(partial(_attempt_eagerly, eager_ids), using=alias)
+    if rows:
+        wake_after_commit(alias)
+    if signals.event_recorded.has_listeners(type(evt)):
+        recorded = partial(_send_recorded, record, evt, len(rows))
+        transaction.on_commit(recorded, using=alias)
+
+
+def record_received_many(
+    items: Sequence[tuple[object, datetime, str, Received]],
+) -> list[tuple[int, bool]]:
+    """``record_received`` for a batch of ``(event, occurred_at, dedupe_key, received)``,
+    in the caller's transaction. On PostgreSQL the statements ``fire()`` would send one
+    at a time go out pipelined (one ``executemany``), when no row needs user code;
+    everything after each insert is ``fire()``'s own."""
+    alias = database_alias()
+    connection = connections[alias]
+    plans = [_plan_for(type(item[0])) for item in items]
+    if (
+        connection.vendor != "postgresql"
+        or any(plan.calls_user_code for plan in plans)
+        or any(suppression_for(type(item[0])) is not None for item in items)
+    ):
+        return [
+            record_received(evt, occurred_at=at, dedupe_key=key, received=got)
+            for evt, at, key, got in items
+        ]
+    prepared = []
+    for plan, (evt, occurred_at, key, got) in zip(plans, items, strict=True):
+        record = _event_row(plan.event, evt, occurred_at, clock.now(), key, None, alias, got)
+        prepared.append(
+            (plan, evt, record, _delivery_rows(record, evt, plan.durable, got.expires_at))
+        )
+    results: list[tuple[int, bool]] = []
+    with transaction.atomic(using=alias, savepoint=False):
+        written = _PgInsert.get(connection).events(
+            connection, [(record, rows, plan.eager_keys) for plan, _, record, rows in prepared]
+        )
+        for (plan, evt, record, rows), found in zip(prepared, written, strict=True):
+            if found is None:
+                results.append((_first_with_key(alias, record), False))
+                continue
+            record.pk, eager_ids = found
+            record._state.adding, record._state.db = False, alias
+            _after_insert(plan, evt, record, rows, eager_ids, alias, plan.durable, None)
+            results.append((record.pk, True))
+    return results
 
 
 def _send_recorded(record: EventRecord, evt: object, deliveries: int) -> None:
@@ -470,6 +525,31 @@ class _PgInsert:
             cursor.execute(self.event_sql, params)
             found = cursor.fetchone()
         return None if found is None else (found[0], found[1])
+
+    def events(
+        self,
+        connection: BaseDatabaseWrapper,
+        batch: Sequence[tuple[EventRecord, Sequence[_Row], Sequence[str]]],
+    ) -> list[tuple[int, list[int]] | None]:
+        """``event()`` for several events, pipelined: one ``executemany``, one round trip
+        for the batch, each statement's answer read back in order."""
+        params = []
+        for record, rows, eager_keys in batch:
+            values = [
+                f.get_db_prep_save(getattr(record, f.attname), connection)
+                for f in self.event_fields
+            ]
+            params.append([*values, *self.defaults, *_columns(rows), list(eager_keys)])
+        found: list[tuple[int, list[int]] | None] = []
+        with connection.cursor() as cursor:
+            raw = cursor.cursor  # psycopg's own: executemany(returning=True) pipelines
+            raw.executemany(self.event_sql, params, returning=True)
+            while True:
+                row = raw.fetchone()
+                found.append(None if row is None else (row[0], row[1]))
+                if not raw.nextset():
+                    break
+        return found
 
     def deliveries(
         self,

@@ -30,7 +30,7 @@ from django.utils.dateparse import parse_datetime
 from . import clock
 from .codec import text_problem
 from .declare import RegisteredEvent, registry
-from .firing import Received, record_received
+from .firing import Received, record_received, record_received_many
 from .models import DeadMessage, database_alias
 
 #: The outcomes ``record_batch`` counts.
@@ -253,7 +253,7 @@ def record_batch(subscription: Subscription, messages: Sequence[Message]) -> Cou
     alias = database_alias()
     try:
         with transaction.atomic(using=alias):
-            return Counter(_write(subscription, message, got) for message, got in reads)
+            return _write_all(subscription, reads)
     except DatabaseError:
         raise
     except Exception:
@@ -262,6 +262,23 @@ def record_batch(subscription: Subscription, messages: Sequence[Message]) -> Cou
     with transaction.atomic(using=alias):
         for message, got in reads:
             counts[_write_alone(subscription, message, got, alias)] += 1
+    return counts
+
+
+def _write_all(
+    subscription: Subscription, reads: Sequence[tuple[Message, _Good | _Bad | None]]
+) -> Counter[str]:
+    """Every message of the batch: the good ones recorded together (pipelined on
+    PostgreSQL), the bad ones kept dead, the others skipped."""
+    counts: Counter[str] = Counter()
+    good = [got for _, got in reads if isinstance(got, _Good)]
+    if good:
+        items = [(got.event, got.occurred_at, got.key, got.received) for got in good]
+        for _, created in record_received_many(items):
+            counts[RECORDED if created else DUPLICATE] += 1
+    for message, got in reads:
+        if not isinstance(got, _Good):
+            counts[_write(subscription, message, got)] += 1
     return counts
 
 

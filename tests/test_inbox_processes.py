@@ -135,11 +135,13 @@ def server(request) -> Iterator[Server]:
         shutil.rmtree(found.dir, ignore_errors=True)
 
 
-@pytest.fixture
-def service_a() -> Iterator[str]:
-    """Service A's own database: B's test database's name with ``_a``, migrated afresh."""
-    name = f"{connection.settings_dict['NAME']}_a"
-    params = connection.get_connection_params()
+@pytest.fixture(scope="module")
+def service_a(django_db_setup, django_db_blocker) -> Iterator[str]:
+    """Service A's own database: B's test database's name with ``_a``, migrated once for
+    the three brokers (each test publishes to a destination of its own)."""
+    with django_db_blocker.unblock():
+        name = f"{connection.settings_dict['NAME']}_a"
+        params = connection.get_connection_params()
     admin = {k: params[k] for k in ("host", "port", "user") if k in params}
     with psycopg.connect(dbname="postgres", autocommit=True, **admin) as pg:
         pg.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
