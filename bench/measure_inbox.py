@@ -267,9 +267,9 @@ def main() -> None:
     import django
 
     django.setup()
+    from bench.events import Tick
     from bench.run import ensure_database, rebuild_schema
     from django_domain_events import receiver
-    from bench.events import Tick
 
     ensure_database()
     rebuild_schema()

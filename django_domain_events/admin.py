@@ -1446,6 +1446,7 @@ if apps.is_installed("django.contrib.admin"):
     admin.site.register(OutboxDashboard, OutboxDashboardAdmin)
     admin.site.register(ScheduleRecord, ScheduleRecordAdmin)
     admin.site.register(TickRecord, TickRecordAdmin)
+    from . import inbox_admin  # noqa: F401 - registers the dead inbox entries' admin
 
 __all__ = [
     "DeliveryInline",

@@ -345,3 +345,28 @@ def test_a_custom_should_retry_policy_runs_on_a_consumed_event(sub) -> None:
     assert [o.get(DeliveryStatus.DEAD, 0) for o in outcomes] == [0] * 9 + [1]
     row = DeliveryRecord.objects.get()
     assert row.attempts == 10 and "ShouldRetry" in row.last_error
+
+
+# The admin ------------------------------------------------------------------------------
+
+
+def test_dead_entries_are_listed_shown_and_retried_in_the_admin(sub, admin_client) -> None:
+    record_batch(sub, [message("shop.AdminLater", "a1", {"n": 5})])
+    listing = admin_client.get("/admin/django_domain_events/deadmessage/")
+    assert listing.status_code == 200 and b"unknown type" in listing.content
+    entry = DeadMessage.objects.get()
+    page = admin_client.get(f"/admin/django_domain_events/deadmessage/{entry.pk}/change/")
+    assert page.status_code == 200 and b"&quot;n&quot;: 5" in page.content
+
+    @event(name="shop.AdminLater")
+    @dataclass(frozen=True)
+    class AdminLater:
+        n: int
+
+    answer = admin_client.post(
+        "/admin/django_domain_events/deadmessage/",
+        {"action": "retry_selected", "_selected_action": [entry.pk]},
+        follow=True,
+    )
+    assert b"Recorded 1 as events; 0 could still not be recorded" in answer.content
+    assert EventRecord.objects.get().name == "shop.AdminLater"
