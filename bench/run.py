@@ -39,6 +39,9 @@ TARGET_GROUP_RATIO = 0.25  # ... over the raw group-commit loop
 TARGET_FIRE_OVERHEAD_MS = 0.5  # fire() with one receiver, over one plain ORM insert
 TARGET_FAN_OUT_ROW_US = 50.0  # a 50-target fire() over the baseline, per delivery row
 TARGET_DASHBOARD_MS = 300.0  # the admin dashboard's figures, read and rendered, large table
+TARGET_PUBLISH_RATE = 3_000.0  # events/s published by one relay to RabbitMQ and to NATS
+TARGET_PUBLISH_RATIO = 0.5  # ... over the raw client loop, every broker
+BROKER_BATCH = 500  # section 14: rows per claimed batch, and messages per raw batch
 
 FULL_SIZES = {
     # 11,000 events in all: at ~3-6 ms a commit on this machine, 20,000 would not fit the
@@ -66,6 +69,7 @@ FULL_SIZES = {
     "group_rounds": 6,
     "overhead_rounds": 10,  # section 11: alternating rounds of baseline, 1 receiver, fan-out
     "overhead_calls": 200,  # ... of this many transactions each
+    "broker_events": 10_000,  # section 14: events published to each broker
 }
 # --quick divides every size by ten, but never below these.
 QUICK_FLOOR = {
@@ -78,6 +82,7 @@ QUICK_FLOOR = {
     "group_rounds": 2,
     "overhead_rounds": 4,
     "overhead_calls": 50,
+    "broker_events": 2_000,
 }
 
 
@@ -714,6 +719,41 @@ def section_dashboard(outbox: Any, sizes: dict[str, int], summary: Summary, note
     ]
 
 
+def section_brokers(sizes: dict[str, int], summary: Summary, note: str) -> None:
+    """Events/s one relay publishes to each broker, against the raw client loop."""
+    from bench import measure_brokers
+
+    events = sizes["broker_events"]
+    print(
+        f"== 14. publishing: deliver_pending(batch_size={BROKER_BATCH}) over {events:,} rows "
+        f"of publish(Tick, to=...), against the same client library sending the same "
+        f"CloudEvents in batches of {BROKER_BATCH}, each batch's confirms awaited{note}"
+    )
+    for transport in ("rabbitmq", "nats", "redis"):
+        if not measure_brokers.reachable(transport):
+            print(f"{transport}: not reachable at {measure_brokers.URLS[transport]}: skipped")
+            summary.append((f"{transport} published events/s", "skipped", "", ""))
+            continue
+        ours = measure_brokers.ours(transport, events, BROKER_BATCH)
+        raw = measure_brokers.raw(transport, events, BROKER_BATCH)
+        figure(f"{transport}: published events/s, one relay", ours, "events/s")
+        figure(f"{transport}: raw client loop, messages/s", raw, "messages/s")
+        ratio_verdict = verdict_of(ours / raw >= TARGET_PUBLISH_RATIO)
+        figure(
+            f"{transport}: ratio ours / raw", ours / raw, f"target >= 0.5: {ratio_verdict}", ".3f"
+        )
+        if transport == "redis":
+            summary.append((f"{transport} published events/s", f"{ours:,.0f}", "", ""))
+        else:
+            rate_verdict = verdict_of(ours >= TARGET_PUBLISH_RATE)
+            summary.append(
+                (f"{transport} published events/s", f"{ours:,.0f}", ">= 3,000", rate_verdict)
+            )
+        summary.append(
+            ("  ratio to the raw client loop", f"{ours / raw:.3f}", ">= 0.5", ratio_verdict)
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the sizes")
@@ -732,10 +772,11 @@ def main(argv: list[str] | None = None) -> int:
             "group",
             "fire_overhead",
             "dashboard",
+            "brokers",
         ],
         help="run one part: fire (1.), delivery (2. and 3.), breakdown (4.), relay (5.), "
         "claim (6.), scheduled (7.), memory (8.), concurrency (9.), group (10.), "
-        "fire_overhead (11.) or dashboard (13.)",
+        "fire_overhead (11.), dashboard (13.) or brokers (14.)",
     )
     args = parser.parse_args(argv)
     scale = 10 if args.quick else 1
@@ -779,6 +820,8 @@ def main(argv: list[str] | None = None) -> int:
         section_fire_overhead(measure, sizes, summary, note, args.profile)
     if args.only in (None, "dashboard"):
         section_dashboard(measure_outbox, sizes, summary, note)
+    if args.only in (None, "brokers"):
+        section_brokers(sizes, summary, note)
     if args.profile and args.only != "fire_overhead":
         print(f"== 12. cProfile of deliver_pending() over {sizes['profile']:,} rows")
         print(measure.profile_ours(sizes["profile"]))

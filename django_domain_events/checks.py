@@ -44,6 +44,21 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 
 
 @register(Tags.compatibility)
+def check_brokers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Every configured broker that cannot work (bad URL, unknown scheme, options, a
+    client library not installed), found without connecting."""
+    raw = getattr(django_settings, conf.SETTINGS_NAME, {})
+    if conf.problems(raw) or not conf.get().BROKERS:
+        return []
+    from .contrib.brokers.config import problems  # imports no client library
+
+    return [
+        Error(problem, hint="See docs/howto-publish.md.", id="django_domain_events.E020")
+        for problem in problems()
+    ]
+
+
+@register(Tags.compatibility)
 def check_wake(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """``WAKE="notify"`` needs psycopg 3; under psycopg2 relays poll, and we say so."""
     raw = getattr(django_settings, conf.SETTINGS_NAME, {})

@@ -1,12 +1,16 @@
 """The BROKERS setting, publish() declarations and their checks (no broker needed)."""
 
 import importlib.util
+import re
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from django_domain_events.contrib.brokers import config
+from django_domain_events import registry
+from django_domain_events.contrib.brokers import config, publish
+from django_domain_events.declare import AnyEvent
+from tests.app.events import OrderPlaced
 
 
 def brokers(**entries):
@@ -105,3 +109,54 @@ def test_event_source_defaults_to_the_settings_package_and_can_be_set():
         pytest.raises(ImproperlyConfigured, match="EVENT_SOURCE"),
     ):
         config.event_source()
+
+
+# publish() declarations ------------------------------------------------------
+
+
+FOUR = {
+    "default": {"URL": "amqp://guest:guest@127.0.0.1:5672/%2F"},
+    "js": {"URL": "nats://127.0.0.1:4222"},
+}
+
+
+def test_publish_declares_a_durable_receiver_with_a_stable_key_and_the_options():
+    with brokers(**FOUR):
+        publish(OrderPlaced, to="orders", lane="brokers", max_attempts=9)
+        publish(AnyEvent, to="audit.all", broker="js")
+    declared = registry.receiver("brokers:default:orders:testapp.OrderPlaced")
+    assert declared is not None
+    assert (declared.durable, declared.lane, declared.max_attempts) == (True, "brokers", 9)
+    assert registry.receiver("brokers:js:audit.all") is not None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"to": "x", "broker": "nope"}, ImproperlyConfigured, "no broker named 'nope'"),
+        ({"to": "amq.direct"}, ValueError, "not starting with 'amq.'"),
+        ({"to": "a.>", "broker": "js"}, ValueError, "not a NATS subject prefix"),
+        ({"to": "x", "key": "order_id"}, TypeError, "key=) must be a function of the event"),
+        ({"to": "x", "ack": "batch"}, TypeError, "publish() decides ack= itself"),
+        ({"to": "x", "max_attempts": 0}, ValueError, "max_attempts=) must be an int >= 1"),
+    ],
+)
+def test_a_misconfigured_publish_is_refused_at_declaration(kwargs, error, message):
+    with brokers(**FOUR), pytest.raises(error, match=re.escape(message)):
+        publish(OrderPlaced, **kwargs)
+
+
+def test_manage_py_check_reports_unusable_brokers_without_connecting():
+    from django.core import checks
+
+    entries = {
+        "ok": {"URL": "redis://127.0.0.1:1/"},  # nothing listens there: never connected
+        "bad": {"URL": "mqtt://host/"},
+    }
+    with brokers(**entries):
+        found = [m for m in checks.run_checks() if m.id == "django_domain_events.E020"]
+    assert [m.msg for m in found] == [
+        "DJANGO_DOMAIN_EVENTS['BROKERS']['bad']['URL'] = 'mqtt://host/': the scheme "
+        "'mqtt://' names no transport; use one of amqp://, amqps://, nats://, tls://, "
+        "redis://, rediss://."
+    ]

@@ -68,19 +68,24 @@ class Publisher:
         try:
             for to in {message.to for message in messages}:
                 await self.ensure_stream(to)
-            for index, message in enumerate(messages):
-                env = message.envelope
-                subject = f"{message.to}.{env.type}"
-                futures[index] = await self.js.publish_async(
-                    subject, env.data, headers=envelope.to_nats(env)
-                )
         except _DOWN as error:
             return self._down(messages, error, futures)
-        except Exception as error:
+        except Exception as error:  # the stream cannot be made: every message refused
             if self._broken():
                 return self._down(messages, error, futures)
-            for index in range(len(futures), len(messages)):
-                results[index] = Refused(f"NATS refused {messages[index].to!r}: {error}")
+            return [Refused(f"NATS refused the stream for {m.to!r}: {error}") for m in messages]
+        for index, message in enumerate(messages):
+            env = message.envelope
+            try:
+                futures[index] = await self.js.publish_async(
+                    f"{message.to}.{env.type}", env.data, headers=envelope.to_nats(env)
+                )
+            except _DOWN as error:
+                return self._down(messages, error, futures)
+            except Exception as error:  # too large, a bad subject: this message only
+                if self._broken():
+                    return self._down(messages, error, futures)
+                results[index] = Refused(f"NATS refused it: {type(error).__name__}: {error}")
         await self._wait(futures, results)
         if any(r is not None for r in results) and self._broken():
             return [BrokerDown("the connection to NATS broke") if r else r for r in results]

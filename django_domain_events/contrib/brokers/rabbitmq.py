@@ -60,14 +60,16 @@ class Publisher:
 
     async def publish(self, messages: Sequence[Outgoing]) -> Confirmations:
         try:
-            sends = [await self._send(message) for message in messages]
-        except Exception as error:  # the declaration refused, or the connection broke
+            for to in dict.fromkeys(message.to for message in messages):
+                await self._exchange(to)
+        except Exception as error:  # a declaration refused, or the connection broke
             return await self._one_by_one(messages, error)
+        sends = [self._send(message) for message in messages]
         replies = await asyncio.gather(*sends, return_exceptions=True)
         results: Confirmations = [self._result(reply) for reply in replies]
         if all(result is None for result in results):
             return results
-        if self._broken():
+        if self._broken() or any(isinstance(r, BrokerDown) for r in results):
             return [BrokerDown("the connection broke") if r else r for r in results]
         if self.channel.is_closed:  # a refusal closed the channel: find which message
             failed = [m for m, r in zip(messages, results, strict=True) if r is not None]
@@ -85,7 +87,7 @@ class Publisher:
             message_id=amqp.message_id,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
-        return exchange.publish(
+        return await exchange.publish(
             body,
             routing_key=message.envelope.type,
             mandatory=False,
@@ -95,6 +97,8 @@ class Publisher:
     def _result(self, reply: Any) -> BaseException | None:
         if not isinstance(reply, BaseException):
             return None
+        if self._down(reply):
+            return BrokerDown(f"the connection broke: {type(reply).__name__}: {reply}")
         if isinstance(reply, asyncio.TimeoutError):
             return Refused(f"no confirm within {self.config.confirm_timeout}s")
         return Refused(f"RabbitMQ refused it: {type(reply).__name__}: {reply}")
@@ -112,20 +116,29 @@ class Publisher:
             try:
                 if self.channel is None or self.channel.is_closed:
                     await self._open_channel()
-                await (await self._send(message))
+                await self._send(message)
                 results.append(None)
-            except (ChannelClosed, aio_pika.exceptions.DeliveryError) as refused:
-                results.append(Refused(f"RabbitMQ refused it: {refused}"))
             except Exception as other:
                 error = other
-                if self._broken():
+                if self._down(other):
                     results.append(BrokerDown(f"{type(other).__name__}: {other}"))
                 else:
                     results.append(Refused(f"RabbitMQ refused it: {other}"))
         return results
 
+    def _down(self, error: BaseException) -> bool:
+        """Whether ``error`` came from the broker going away rather than from a refusal."""
+        if isinstance(error, _DOWN) or self._broken():
+            return True
+        return isinstance(error, ChannelClosed) and "CONNECTION_FORCED" in str(error)
+
     def _broken(self) -> bool:
-        return _broken(self.connection)
+        """Whether the connection is gone (aio-pika may learn it after aiormq does)."""
+        connection = self.connection
+        if connection is None or connection.is_closed:
+            return True
+        underlay = getattr(connection, "transport", None)  # aio-pika's UnderlayConnection
+        return underlay is None or underlay.connection.is_closed
 
     async def close(self) -> None:
         connection, self.connection, self.channel = self.connection, None, None

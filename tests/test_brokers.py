@@ -1,0 +1,211 @@
+"""publish(): events reach the machine's real RabbitMQ, NATS JetStream and Redis as
+CloudEvents, and a row is acknowledged only for what the broker confirmed."""
+
+from __future__ import annotations
+
+import json
+import logging
+from decimal import Decimal
+
+import pytest
+from django.db import transaction
+from django.test import override_settings
+
+from django_domain_events import DeliveryStatus, clock, deliver_one, deliver_pending, fire, receiver
+from django_domain_events.contrib.brokers import publish
+from django_domain_events.contrib.brokers.links import close_all
+from django_domain_events.models import DeliveryRecord, EventRecord
+from tests import brokers
+from tests.app.events import OrderPlaced, Pinged
+from tests.app.models import Delivered
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(params=brokers.TRANSPORTS)
+def broker(request):
+    """(transport, url, destination) on a configured ``default`` broker; cleaned after."""
+    transport = request.param
+    url = brokers.require(transport)
+    to = brokers.new_destination()
+    brokers.prepare(transport, url, to)
+    with override_settings(
+        DJANGO_DOMAIN_EVENTS={"BROKERS": {"default": {"URL": url}}, "EVENT_SOURCE": "shop"}
+    ):
+        yield transport, url, to
+        close_all()
+    brokers.remove(transport, url, to)
+
+
+def fire_orders(*order_ids: int) -> list[int]:
+    with transaction.atomic():
+        return [fire(OrderPlaced(order_id=n, total=Decimal("9.50"))) for n in order_ids]
+
+
+def test_each_event_reaches_the_destination_as_a_cloudevent(broker):
+    transport, url, to = broker
+    publish(OrderPlaced, to=to, key=lambda evt: f"order-{evt.order_id}")
+    event_ids = fire_orders(1, 2, 3)
+
+    counts = deliver_pending()
+
+    assert counts[DeliveryStatus.SUCCEEDED] == 3
+    rows = {r.event_id: r for r in DeliveryRecord.objects.filter(event_id__in=event_ids)}
+    assert {r.status for r in rows.values()} == {"succeeded"}
+    found = brokers.read(transport, url, to)
+    assert [env.id for _, env in found] == [f"{e}.{rows[e].pk}" for e in event_ids]
+    where, first = found[0]
+    event = EventRecord.objects.get(pk=event_ids[0])
+    assert first.attributes == {
+        "specversion": "1.0",
+        "id": f"{event.pk}.{rows[event.pk].pk}",
+        "source": "shop",
+        "type": event.name,
+        "time": first.attributes["time"],
+        "datacontenttype": "application/json",
+        "payloadversion": "1",
+        "correlationid": event.correlation_id,
+        "partitionkey": "order-1",
+    }
+    assert first.attributes["time"].endswith("Z")
+    assert first.payload() == {"order_id": 1, "total": "9.50", "tags": []}
+    assert json.loads(first.data) == event.payload
+    if transport == "rabbitmq":
+        assert where == event.name
+    elif transport == "nats":
+        assert where == f"{to}.{event.name}"
+
+
+def test_publish_and_a_receiver_of_the_same_event_both_run(broker):
+    transport, url, to = broker
+    publish(OrderPlaced, to=to, lane="brokers")
+
+    @receiver(OrderPlaced, key="tests.record_order")
+    def record(evt):
+        Delivered.objects.create(receiver_key="record", event_id=evt.order_id)
+
+    fire_orders(7)
+    deliver_pending()
+
+    assert Delivered.objects.filter(receiver_key="record").count() == 1
+    assert len(brokers.read(transport, url, to)) == 1
+
+
+def test_deliver_one_publishes_the_row_alone(broker):
+    transport, url, to = broker
+    publish(Pinged, to=to, ttl=__import__("datetime").timedelta(hours=1))
+    with transaction.atomic():
+        event_id = fire(Pinged(n=5))
+    row = DeliveryRecord.objects.get(event_id=event_id)
+
+    assert deliver_one(row.pk) == DeliveryStatus.SUCCEEDED
+
+    ((_, env),) = brokers.read(transport, url, to)
+    assert env.id == f"{event_id}.{row.pk}"
+    assert env.get("expirytime", "").endswith("Z")
+
+
+def test_the_id_is_the_same_when_a_message_is_sent_again(broker):
+    transport, url, to = broker
+    publish(OrderPlaced, to=to)
+    (event_id,) = fire_orders(4)
+    deliver_pending()
+    row = DeliveryRecord.objects.get(event_id=event_id)
+    # as a relay killed between the broker's confirm and its commit leaves it
+    DeliveryRecord.objects.filter(pk=row.pk).update(status="pending", available_at=clock.now())
+
+    deliver_pending()
+
+    ids = [env.id for _, env in brokers.read(transport, url, to)]
+    if transport == "nats":  # JetStream drops the resend itself (Nats-Msg-Id)
+        assert ids == [f"{event_id}.{row.pk}"]
+    else:
+        assert ids == [f"{event_id}.{row.pk}"] * 2
+
+
+UNREACHABLE = {
+    "rabbitmq": "amqp://guest:guest@127.0.0.1:1/%2F",
+    "nats": "nats://127.0.0.1:1",
+    "redis": "redis://127.0.0.1:1/0",
+}
+
+
+@pytest.mark.parametrize("transport", brokers.TRANSPORTS)
+def test_an_unreachable_broker_charges_nothing_logs_once_and_other_lanes_go_on(transport, caplog):
+    with override_settings(
+        DJANGO_DOMAIN_EVENTS={
+            "BROKERS": {"default": {"URL": UNREACHABLE[transport], "RETRY_CONNECT_SECONDS": 0.05}}
+        }
+    ):
+        publish(OrderPlaced, to="nowhere", lane="brokers")
+
+        @receiver(OrderPlaced, key="tests.record_order")
+        def record(evt):
+            Delivered.objects.create(receiver_key="record", event_id=evt.order_id)
+
+        fire_orders(1, 2)
+        with caplog.at_level(logging.WARNING, logger="django_domain_events.brokers"):
+            for _ in range(3):
+                deliver_pending()
+                __import__("time").sleep(0.06)
+        close_all()
+
+    assert Delivered.objects.filter(receiver_key="record").count() == 2
+    published = DeliveryRecord.objects.filter(
+        receiver_key="brokers:default:nowhere:testapp.OrderPlaced"
+    )
+    assert published.count() == 2
+    assert {(r.status, r.attempts, r.last_error) for r in published} == {("pending", 0, "")}
+    outages = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(outages) == 1
+    assert "handed back uncharged" in outages[0].getMessage()
+
+
+def spoil(transport: str, url: str, to: str) -> str:
+    """Make the broker refuse what is sent to ``to``; returns words of its reason."""
+    import asyncio
+
+    if transport == "redis":
+        import redis
+
+        redis.Redis.from_url(url).set(to, "not a stream")
+        return "WRONGTYPE"
+    if transport == "rabbitmq":
+        import aio_pika
+
+        async def fanout() -> None:
+            connection = await aio_pika.connect(url)
+            async with connection:
+                channel = await connection.channel()
+                await channel.exchange_delete(to)
+                await channel.declare_exchange(to, aio_pika.ExchangeType.FANOUT, durable=True)
+
+        asyncio.run(fanout())
+        return "PRECONDITION_FAILED"
+    return "payload"  # NATS: the message is larger than the server's max_payload
+
+
+def test_a_refused_message_is_a_failed_attempt_with_the_reason_and_the_rest_go(broker):
+    transport, url, to = broker
+    spoiled = brokers.new_destination()
+    brokers.prepare(transport, url, spoiled)
+    reason = spoil(transport, url, spoiled)
+    try:
+        publish(OrderPlaced, to=to)
+        publish(Pinged, to=spoiled, max_attempts=2)
+        with transaction.atomic():
+            good = fire(OrderPlaced(order_id=1))
+            labels = ["x" * 1024] * 1200 if transport == "nats" else []
+            bad = fire(Pinged(n=1, labels=labels))
+            good_after = fire(OrderPlaced(order_id=2))
+
+        deliver_pending(ignore_backoff=False)
+
+        refused = DeliveryRecord.objects.get(event_id=bad)
+        assert (refused.status, refused.attempts) == ("failed", 1)
+        assert reason in refused.last_error
+        sent = DeliveryRecord.objects.filter(event_id__in=[good, good_after])
+        assert {r.status for r in sent} == {"succeeded"}
+        assert len(brokers.read(transport, url, to)) == 2
+    finally:
+        brokers.remove(transport, url, spoiled)
