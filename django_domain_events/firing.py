@@ -541,8 +541,10 @@ class _PgInsert:
             ]
             params.append([*values, *self.defaults, *_columns(rows), list(eager_keys)])
         found: list[tuple[int, list[int]] | None] = []
-        with connection.cursor() as cursor:
-            raw = cursor.cursor  # psycopg's own: executemany(returning=True) pipelines
+        connection.ensure_connection()
+        # psycopg's own cursor, binding on the server: executemany(returning=True)
+        # pipelines the batch, and the statement is prepared once per connection.
+        with psycopg_cursor(connection.connection) as raw:
             raw.executemany(self.event_sql, params, returning=True)
             while True:
                 row = raw.fetchone()
@@ -562,6 +564,14 @@ class _PgInsert:
         with connection.cursor() as cursor:
             cursor.execute(self.deliveries_sql, params)
             return list(cursor.fetchone()[0])
+
+
+def psycopg_cursor(raw_connection: Any) -> Any:
+    """A server-binding cursor on Django's psycopg 3 connection (Django's own binds on
+    the client, quoting every parameter into the text)."""
+    import psycopg
+
+    return psycopg.Cursor(raw_connection)
 
 
 def _columns(rows: Sequence[_Row]) -> list[list[Any]]:

@@ -22,6 +22,7 @@ from django_domain_events import (
     receiver,
     registry,
 )
+from django_domain_events.clock import normalize
 from django_domain_events.inbox import (
     Message,
     Subscription,
@@ -104,7 +105,7 @@ def test_a_message_becomes_an_event_with_its_rows_and_context(sub) -> None:
     assert counts == {"recorded": 1}
     row = EventRecord.objects.get()
     assert row.name == name and row.payload["order_id"] == 7
-    assert row.occurred_at == datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert row.occurred_at == normalize(datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
     assert row.actor_key == SOURCE and row.correlation_id == "chain-1"
     assert json.loads(row.trace_context) == {"traceparent": trace, "tracestate": "k=v"}
     assert row.received == {
@@ -170,13 +171,13 @@ def test_a_mapping_takes_another_services_names_and_skips_types_not_asked_for() 
 def test_the_messages_expiry_becomes_the_rows_lifetime_the_earlier_end_winning(sub) -> None:
     receiver(OrderPlaced, key="t.plain")(lambda evt: None)
     receiver(OrderPlaced, key="t.short", ttl=timedelta(seconds=30))(lambda evt: None)
-    expiry = timezone.now() + timedelta(hours=1)
+    expiry = datetime.now(UTC) + timedelta(hours=1)
     record_batch(
         sub, [message(order_placed_name(), expirytime=expiry.isoformat().replace("+00:00", "Z"))]
     )
     plain = DeliveryRecord.objects.get(receiver_key="t.plain")
     short = DeliveryRecord.objects.get(receiver_key="t.short")
-    assert plain.expires_at == expiry.replace(microsecond=expiry.microsecond)
+    assert plain.expires_at == normalize(expiry)
     assert short.expires_at == short.due_at + timedelta(seconds=30)
 
 
@@ -185,7 +186,7 @@ def test_a_subscription_ttl_counts_from_the_messages_time() -> None:
     sub = Subscription(source=SOURCE, broker="default", name="t.ttl", ttl=timedelta(days=1))
     record_batch(sub, [message(order_placed_name())])
     row = DeliveryRecord.objects.get()
-    assert row.expires_at == datetime(2026, 1, 3, 3, 4, 5, tzinfo=UTC)
+    assert row.expires_at == normalize(datetime(2026, 1, 3, 3, 4, 5, tzinfo=UTC))
     # The message outlived its lifetime before it arrived: its row dies as expired.
     assert drain_outbox()[DeliveryStatus.DEAD] == 1
     assert DeliveryRecord.objects.get().last_error.startswith("expired:")
