@@ -150,3 +150,29 @@ def test_the_command_consumes_until_drained(kind, source) -> None:
     out = StringIO()
     call_command("consume_events", "--once", "--subscription", f"{source}-in", stdout=out)
     assert out.getvalue() == "Consumed: 1 recorded, 0 duplicate, 0 dead, 0 ignored.\n"
+
+
+def test_a_batch_the_database_refuses_is_not_acknowledged_and_comes_back(kind, source) -> None:
+    from django.db import connection
+
+    from django_domain_events import INLINE
+    from django_domain_events.contrib.brokers.consuming import ConsumerHalted
+
+    broken = {"on": True}
+
+    @receiver(OrderPlaced, key="t.db_trouble", mode=INLINE)
+    def db_trouble(evt) -> None:
+        if broken["on"]:  # a real database error, in the recording transaction
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT * FROM no_such_table_for_the_inbox")
+
+    subscribe_to(source)
+    run_consumer(once=True, wait=0.5)
+    placed = name_of(OrderPlaced)
+    send(source, [envelope_of(f"d{i}", placed, {"order_id": i}) for i in range(3)])
+    with pytest.raises(ConsumerHalted, match="failed 5 times in a row"):
+        run_consumer(once=True, wait=0.5)
+    assert not EventRecord.objects.exists() and not DeadMessage.objects.exists()
+    broken["on"] = False  # the database is back: the broker still holds every message
+    assert run_consumer(once=True, wait=0.5)["recorded"] == 3
+    assert EventRecord.objects.count() == 3

@@ -112,6 +112,7 @@ class _Worker:
             self._down(f"broker {self.config.name!r} ({self.config.safe_url})", error)
             return None
         if not batch:
+            self.failures = 0  # the broker answered, and had nothing
             return None
         try:
             counts = record_batch(self.subscription, [fetched.message for fetched in batch])
@@ -219,7 +220,8 @@ def run_consumer(
                 counts = worker.step(wait / len(workers) if not once else wait)
                 if counts is not None and on_batch is not None:
                     on_batch(worker.subscription, counts)
-                if once and counts is None and worker.consumer is not None:
+                drained = counts is None and worker.failures == 0
+                if once and drained and worker.consumer is not None:
                     pending.discard(index)
                 if once and worker.failures >= _ONCE_FAILURES:
                     raise ConsumerHalted(
