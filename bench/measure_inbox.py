@@ -1,4 +1,4 @@
-"""Section 14: messages recorded per second by one consumer, per broker, against a raw
+"""Section 15: messages recorded per second by one consumer, per broker, against a raw
 consume-and-insert loop in the same run (see bench/README.md).
 
     .venv/bin/python bench/measure_inbox.py [--messages N] [--brokers rabbitmq,nats,redis]
@@ -274,7 +274,7 @@ def main() -> None:
     ensure_database()
     rebuild_schema()
     receiver(Tick, key="bench.inbox_noop")(lambda evt: None)
-    print(f"== 14. consuming: {args.messages:,} messages per round, batches of {BATCH}")
+    print(f"== 15. consuming: {args.messages:,} messages per round, batches of {BATCH}")
     summary = []
     for kind in args.brokers.split(","):
         if not reachable(URLS[kind][1]):
@@ -289,13 +289,13 @@ def main() -> None:
                 cleanup(kind, source)
             best_raw = max(best_raw, raw(kind, f"bench-raw-{uuid.uuid4().hex[:8]}", args.messages))
         ratio = best_ours / best_raw
-        rate_ok = kind == "redis" or best_ours >= TARGET_RATE
-        verdict = "PASS" if rate_ok and ratio >= TARGET_RATIO else "MISS"
-        print(f"{kind + ': consume_events, msg/s':<44} {best_ours:>10,.0f}")
+        rate = "-" if kind == "redis" else ("PASS" if best_ours >= TARGET_RATE else "MISS")
+        share = "PASS" if ratio >= TARGET_RATIO else "MISS"
+        print(f"{kind + ': consume_events, msg/s':<44} {best_ours:>10,.0f}  >= 2,000: {rate}")
         print(f"{kind + ': raw consume-and-insert, msg/s':<44} {best_raw:>10,.0f}")
-        print(f"{kind + ': ratio ours/raw':<44} {ratio:>10.3f}  {verdict}")
-        summary.append((kind, best_ours, best_raw, ratio, verdict))
-    print("\nbroker      ours msg/s   raw msg/s   ratio  verdict")
+        print(f"{kind + ': ratio ours/raw':<44} {ratio:>10.3f}  >= 0.5: {share}")
+        summary.append((kind, best_ours, best_raw, ratio, f"rate {rate}, ratio {share}"))
+    print("\nbroker      ours msg/s   raw msg/s   ratio  targets")
     for kind, mine, theirs, ratio, verdict in summary:
         print(f"{kind:<10} {mine:>11,.0f} {theirs:>11,.0f} {ratio:>7.3f}  {verdict}")
 
