@@ -401,17 +401,25 @@ def _retry(entry: DeadMessage) -> str:
     message = Message(attributes=entry.attributes, body=bytes(entry.body), headers=entry.headers)
     got = read(subscription, message)
     alias = database_alias()
-    with transaction.atomic(using=alias):
-        if isinstance(got, _Good):
-            record_received(
-                got.event, occurred_at=got.occurred_at, dedupe_key=got.key, received=got.received
-            )
-            entry.delete(using=alias)
+    reason = got.reason if isinstance(got, _Bad) else entry.reason
+    if isinstance(got, _Good):
+        try:
+            with transaction.atomic(using=alias):
+                record_received(
+                    got.event,
+                    occurred_at=got.occurred_at,
+                    dedupe_key=got.key,
+                    received=got.received,
+                )
+                entry.delete(using=alias)
             return RECORDED
-        reason = got.reason if got is not None else entry.reason
-        DeadMessage.objects.using(alias).filter(pk=entry.pk).update(
-            reason=reason, retried_at=clock.now()
-        )
+        except DatabaseError:
+            raise
+        except Exception as exc:  # an INLINE receiver still refuses it
+            reason = f"refused: recording it raised {type(exc).__name__}: {exc}"
+    DeadMessage.objects.using(alias).filter(pk=entry.pk).update(
+        reason=_text(reason, 10_000), retried_at=clock.now()
+    )
     return DEAD
 
 
