@@ -84,7 +84,7 @@ DJANGO_DJ6 ?= Django>=6,<7
 $(STAMP_DJ6): pyproject.toml
 	test -x $(VENV_DJ6)/bin/python || $(PYTHON_DJ6) -m venv $(VENV_DJ6)
 	$(VENV_DJ6)/bin/python -m pip install --upgrade pip
-	$(VENV_DJ6)/bin/python -m pip install -e '.[test,postgres-binary,celery,prometheus]' \
+	$(VENV_DJ6)/bin/python -m pip install -e '.[test,postgres-binary,celery,prometheus,rabbitmq,nats,redis]' \
 		'$(DJANGO_DJ6)' django-tasks-db
 	touch $@
 

@@ -98,10 +98,19 @@ say "install the wheel with no extras in a fresh virtualenv"
 VPY=$work/venv/bin/python
 "$VPY" -m pip install --quiet "$wheel"
 "$VPY" -m pip list --format=freeze | tee "$work/installed.txt"
-if grep -iE '^(psycopg|psycopg-binary|psycopg2|celery|kombu|prometheus.client|mysqlclient|django-tasks)==' \
+if grep -iE '^(psycopg|psycopg-binary|psycopg2|celery|kombu|prometheus.client|mysqlclient|django-tasks|aio-pika|aiormq|nats-py|redis)==' \
     "$work/installed.txt"; then
     fail "installing the wheel with no extras pulled in an optional dependency (above)"
 fi
+# contrib.brokers imports no client library until a broker of its kind is used.
+"$VPY" -c '
+import sys
+import django_domain_events.contrib.brokers
+import django_domain_events.contrib.brokers.config
+import django_domain_events.contrib.brokers.envelope
+loaded = {"aio_pika", "nats", "redis"} & set(sys.modules)
+assert not loaded, f"contrib.brokers imported {loaded} unconfigured"
+' || fail "contrib.brokers needs a broker client library to be imported"
 
 say "add the cron extra (cronsim, for the example's @recurring schedule)"
 "$VPY" -m pip install --quiet "$wheel[cron]"

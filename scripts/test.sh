@@ -95,6 +95,19 @@ psycopg.connect(
 PY
 }
 
+# --------------------------------------------------------------- brokers
+# The broker tests (tests/test_brokers*.py) publish to the machine's RabbitMQ (5672),
+# NATS JetStream (4222) and Redis (6379): skipped where one is down, but under CI=true
+# a broker that cannot be reached fails them (tests/brokers.py), and is reported here.
+if [ "$CI" = "true" ]; then
+    for broker in RabbitMQ:5672 NATS:4222 Redis:6379; do
+        if ! timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/${broker#*:}" 2>/dev/null; then
+            echo "ERROR: ${broker%%:*} is required under CI but is not reachable at 127.0.0.1:${broker#*:}"
+            failed+=("${broker%%:*} is required under CI (not reachable)")
+        fi
+    done
+fi
+
 # ---------------------------------------------------------------- SQLite
 suite sqlite DDE_TEST_DB=sqlite
 suite sqlite-no-tz DDE_TEST_DB=sqlite DDE_TEST_USE_TZ=false
@@ -156,7 +169,8 @@ fi
 # The second leg: Python 3.13 with the newest Django 6.x (.venv-dj6, built by
 # `make .venv-dj6`), on SQLite and PostgreSQL. No lint: django-stubs and mypy
 # follow Django 5.2 on the main leg. Its PostgreSQL test databases carry their own
-# suffix, so the two legs never share one.
+# suffix, so the two legs never share one. The heavy broker tests (10,000 events per
+# broker, tests/test_broker_processes.py) run on the main leg's PostgreSQL suite only.
 DJ6_PY=${DDE_DJ6_VENV:-.venv-dj6}/bin/python
 
 # dj6_suite NAME VAR=VALUE...: one pytest run on the Django 6 leg.
@@ -165,7 +179,7 @@ dj6_suite() {
     shift
     banner "pytest [$name]: $*"
     env "$@" DDE_SQLITE_PATH="$work/$name.sqlite3" \
-        DDE_TEST_DB_SUFFIX="${DDE_TEST_DB_SUFFIX:-}_dj6" \
+        DDE_TEST_DB_SUFFIX="${DDE_TEST_DB_SUFFIX:-}_dj6" DDE_HEAVY_BROKER_TESTS=0 \
         "$DJ6_PY" -m pytest --junitxml="$work/$name.xml" \
         ${EXTRA[@]+"${EXTRA[@]}"}
     local rc=$?

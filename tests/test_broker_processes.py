@@ -8,6 +8,7 @@ PostgreSQL only (real concurrency), against broker servers of the test's own
 
 from __future__ import annotations
 
+import os
 import signal
 from collections import defaultdict
 
@@ -23,7 +24,11 @@ from tests.app.events import OrderPlaced
 from tests.broker_servers import SERVERS
 from tests.conftest import needs_postgresql, start_together, wait_for
 
-pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql]
+heavy = pytest.mark.skipif(
+    os.environ.get("DDE_HEAVY_BROKER_TESTS") == "0",
+    reason="the heavy broker tests run on the main leg's PostgreSQL suite only",
+)
+pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql, heavy]
 
 EVENTS = 10_000
 CHUNK = 500
@@ -33,7 +38,10 @@ CHUNK = 500
 def server(request):
     server = SERVERS[request.param]()
     if not server.available():
-        pytest.skip(f"no {request.param} server binary on this machine")
+        message = f"no {request.param} server binary on this machine"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}: the broker tests are required under CI=true")
+        pytest.skip(message)
     server.start()
     yield server
     server.stop()

@@ -3,15 +3,27 @@ CloudEvents, and a row is acknowledged only for what the broker confirmed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import time
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 
-from django_domain_events import DeliveryStatus, clock, deliver_one, deliver_pending, fire, receiver
+from django_domain_events import (
+    DeliveryStatus,
+    caused_by,
+    clock,
+    deliver_one,
+    deliver_pending,
+    fire,
+    receiver,
+    tracing,
+)
 from django_domain_events.contrib.brokers import publish
 from django_domain_events.contrib.brokers.links import close_all
 from django_domain_events.models import DeliveryRecord, EventRecord
@@ -76,6 +88,29 @@ def test_each_event_reaches_the_destination_as_a_cloudevent(broker):
         assert where == f"{to}.{event.name}"
 
 
+def test_causation_and_the_stored_trace_context_travel_as_extensions(broker):
+    transport, url, to = broker
+    publish(Pinged, to=to)
+    stored = '{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",'
+    stored += '"tracestate":"congo=t61rcWkgMzE"}'
+    tracing.install(lambda: stored, lambda ctx: contextlib.nullcontext())
+    try:
+        with transaction.atomic():
+            cause = fire(Pinged(n=1))
+            with caused_by(cause):
+                fire(Pinged(n=2))
+    finally:
+        tracing.uninstall()
+    deliver_pending()
+
+    root, child = (env for _, env in brokers.read(transport, url, to))
+    assert root.get("causationid") is None
+    assert child.get("causationid") == str(cause)
+    assert child.get("correlationid") == root.get("correlationid")
+    assert child.get("traceparent") == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert child.get("tracestate") == "congo=t61rcWkgMzE"
+
+
 def test_publish_and_a_receiver_of_the_same_event_both_run(broker):
     transport, url, to = broker
     publish(OrderPlaced, to=to, lane="brokers")
@@ -93,7 +128,7 @@ def test_publish_and_a_receiver_of_the_same_event_both_run(broker):
 
 def test_deliver_one_publishes_the_row_alone(broker):
     transport, url, to = broker
-    publish(Pinged, to=to, ttl=__import__("datetime").timedelta(hours=1))
+    publish(Pinged, to=to, ttl=timedelta(hours=1))
     with transaction.atomic():
         event_id = fire(Pinged(n=5))
     row = DeliveryRecord.objects.get(event_id=event_id)
@@ -147,7 +182,7 @@ def test_an_unreachable_broker_charges_nothing_logs_once_and_other_lanes_go_on(t
         with caplog.at_level(logging.WARNING, logger="django_domain_events.brokers"):
             for _ in range(3):
                 deliver_pending()
-                __import__("time").sleep(0.06)
+                time.sleep(0.06)
         close_all()
 
     assert Delivered.objects.filter(receiver_key="record").count() == 2
@@ -209,3 +244,63 @@ def test_a_refused_message_is_a_failed_attempt_with_the_reason_and_the_rest_go(b
         assert len(brokers.read(transport, url, to)) == 2
     finally:
         brokers.remove(transport, url, spoiled)
+
+
+def test_publishing_resumes_soon_after_the_broker_returns(caplog):
+    """A relay's passes while the broker is down hand the rows back; once it is back, the
+    next pass after the probe interval publishes them (the issue asks for ~2 s)."""
+    from tests.broker_servers import RedisServer
+
+    server = RedisServer()
+    if not server.available():
+        pytest.skip("no redis-server binary")
+    setting = {"BROKERS": {"default": {"URL": server.url, "RETRY_CONNECT_SECONDS": 0.5}}}
+    to = brokers.new_destination()  # the server keeps its data between runs
+    with override_settings(DJANGO_DOMAIN_EVENTS=setting):
+        publish(OrderPlaced, to=to)
+        fire_orders(1, 2, 3)
+        with caplog.at_level(logging.WARNING, logger="django_domain_events.brokers"):
+            deliver_pending()  # down: handed back
+            server.start()
+            try:
+                back = time.monotonic()
+                while DeliveryRecord.objects.filter(status="succeeded").count() < 3:
+                    assert time.monotonic() - back < 30, "publishing did not resume"
+                    deliver_pending()
+                    time.sleep(0.05)  # a relay's idle wait, shortened
+                resumed_after = time.monotonic() - back
+                found = brokers.read("redis", server.url, to)
+            finally:
+                close_all()
+                server.stop()
+    assert len(found) == 3
+    assert {r.attempts for r in DeliveryRecord.objects.all()} == {1}  # the outage cost none
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("unreachable" in m for m in messages) == 1
+    assert sum("reachable again" in m for m in messages) == 1
+    print(f"publishing resumed {resumed_after:.2f}s after the broker came back")
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite runs one delivery at a time")
+def test_a_concurrent_relay_publishes_row_by_row_and_still_charges_no_outage(broker):
+    """With --concurrency above 1 a relay's workers run rows one at a time: each a batch
+    of one, with the same acknowledgement and outage rules."""
+    from django_domain_events.delivery.relay import run_relay
+
+    transport, url, to = broker
+    publish(OrderPlaced, to=to)
+    fire_orders(*range(12))
+
+    run_relay(once=True, concurrency=4, prune=None)
+
+    assert set(DeliveryRecord.objects.values_list("status", flat=True)) == {"succeeded"}
+    assert len({env.id for _, env in brokers.read(transport, url, to)}) == 12
+    with override_settings(
+        DJANGO_DOMAIN_EVENTS={"BROKERS": {"default": {"URL": UNREACHABLE[transport]}}}
+    ):
+        publish(OrderPlaced, to="nowhere")
+        fire_orders(99)
+        run_relay(passes=2, concurrency=4, prune=None)
+        close_all()
+    owed = DeliveryRecord.objects.get(receiver_key__contains=":nowhere:")
+    assert (owed.status, owed.attempts) == ("pending", 0)

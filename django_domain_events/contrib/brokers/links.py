@@ -31,12 +31,14 @@ class Link:
         self.transport: Transport | None = None
         self.down_since: float | None = None  # monotonic
         self.next_try = 0.0
+        self._lock = threading.Lock()  # a relay's concurrent workers share the link
 
     def send(self, messages: Sequence[Outgoing]) -> Confirmations:
         """Publish ``messages``; per message None (confirmed) or why not."""
         if not messages:
             return []
-        transport = self.transport or self._connect()
+        with self._lock:
+            transport = self.transport or self._connect()
         if transport is None:
             return [BrokerDown(f"broker {self.config.name!r} is down")] * len(messages)
         try:
@@ -45,7 +47,9 @@ class Link:
             results = [BrokerDown("no answer from the broker")] * len(messages)
         down = next((r for r in results if isinstance(r, BrokerDown)), None)
         if down is not None:
-            self._went_down(down)
+            with self._lock:
+                if self.transport is transport:  # not already replaced by another worker
+                    self._went_down(down)
         return results
 
     def _connect(self) -> Transport | None:

@@ -140,14 +140,16 @@ class Row:
     expires_at: datetime | None
 
 
-def make_envelope(publication: Publication, evt: Any, row: Row) -> envelope.Envelope:
+def make_envelope(
+    publication: Publication, evt: Any, row: Row, source: str | None = None
+) -> envelope.Envelope:
     """The CloudEvent of one delivery row; the id is ``<event id>.<delivery id>``, the
     same on every resend."""
     traceparent, tracestate = _trace(row.trace_context)
     key = publication.key(evt) if publication.key is not None else None
     return envelope.build(
         id=f"{row.event_id}.{row.delivery_id}",
-        source=event_source(),
+        source=source if source is not None else event_source(),
         type=row.name,
         data=json.dumps(row.payload, separators=(",", ":"), ensure_ascii=False).encode(),
         time=row.occurred_at,
@@ -186,16 +188,16 @@ def deliver_batch(broker: str, claims: Sequence[Claim], *, now: datetime) -> lis
             ready.append(prepared)
         else:
             results[claim.id] = prepared
-    causes = dict(
-        EventRecord.objects.using(alias)
-        .filter(pk__in={row.claim.event_id for row in ready})
-        .values_list("pk", "causation_id")
-    )
+    causes: dict[int, int | None] = {}
+    if ready:
+        rows = EventRecord.objects.using(alias).filter(pk__in={r.claim.event_id for r in ready})
+        causes = dict(rows.values_list("pk", "causation_id"))
     messages: list[tuple[Ready, Outgoing]] = []
+    source = event_source()
     for row in ready:
         publication: Any = row.receiver.func
         try:
-            env = _claim_envelope(publication, row, causes.get(row.claim.event_id))
+            env = _claim_envelope(publication, row, causes.get(row.claim.event_id), source)
         except Exception as error:  # key= raised: this row's failure
             results[row.claim.id] = record_failure(row.claim, row.receiver, error, now=now)
             continue
@@ -205,7 +207,9 @@ def deliver_batch(broker: str, claims: Sequence[Claim], *, now: datetime) -> lis
     return [results[claim.id] for claim in claims]
 
 
-def _claim_envelope(publication: Publication, ready: Ready, causation: int | None) -> Any:
+def _claim_envelope(
+    publication: Publication, ready: Ready, causation: int | None, source: str
+) -> Any:
     claim = ready.claim
     row = Row(
         event_id=claim.event_id,
@@ -219,7 +223,7 @@ def _claim_envelope(publication: Publication, ready: Ready, causation: int | Non
         trace_context=claim.trace_context,
         expires_at=claim.expires_at,
     )
-    return make_envelope(publication, ready.evt, row)
+    return make_envelope(publication, ready.evt, row, source)
 
 
 def _settle(

@@ -38,10 +38,11 @@ class Publisher:
         self.exchanges: dict[str, Any] = {}
 
     async def connect(self) -> None:
+        # Made here rather than by aio_pika.connect(), so that a connection that failed
+        # is closed by us, not left to a __del__ that cannot reach the loop.
+        self.connection = aio_pika.Connection(aio_pika.connection.make_url(self.config.url))
         try:
-            self.connection = await aio_pika.connect(
-                self.config.url, timeout=self.config.connect_timeout
-            )
+            await self.connection.connect(timeout=self.config.connect_timeout)
             await self._open_channel()
         except (TimeoutError, *_DOWN) as error:
             await self.close()
@@ -127,7 +128,11 @@ class Publisher:
         return results
 
     def _down(self, error: BaseException) -> bool:
-        """Whether ``error`` came from the broker going away rather than from a refusal."""
+        """Whether ``error`` came from the broker going away rather than from a refusal
+        (a confirm that timed out is the message's failure, though TimeoutError is an
+        OSError)."""
+        if isinstance(error, TimeoutError) and not self._broken():
+            return False
         if isinstance(error, _DOWN) or self._broken():
             return True
         return isinstance(error, ChannelClosed) and "CONNECTION_FORCED" in str(error)

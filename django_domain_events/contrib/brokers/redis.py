@@ -54,6 +54,9 @@ class Publisher:
             pipe.xadd(message.to, fields, maxlen=maxlen, approximate=maxlen is not None)
         try:
             replies = await pipe.execute(raise_on_error=False)
+        except RedisTimeoutError:
+            timeout = self.config.confirm_timeout
+            return [Refused(f"no reply to XADD within {timeout}s") for _ in messages]
         except _DOWN as error:
             down = BrokerDown(f"{type(error).__name__}: {error}")
             return [down for _ in messages]
