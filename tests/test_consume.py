@@ -8,7 +8,6 @@ other users are untouched; a broker that is not reachable skips its tests."""
 from __future__ import annotations
 
 import json
-import socket
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -25,29 +24,15 @@ from django_domain_events.contrib.brokers.transport import Outgoing, make_transp
 from django_domain_events.inbox import forget
 from django_domain_events.models import DeadMessage, DeliveryRecord, EventRecord
 from tests.app.events import OrderPlaced, OrderShipped
+from tests.brokers import TRANSPORTS, require
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-URLS = {
-    "rabbitmq": ("amqp://guest:guest@127.0.0.1:5672/%2F", 5672),
-    "nats": ("nats://127.0.0.1:4222", 4222),
-    "redis": ("redis://127.0.0.1:6379/0", 6379),
-}
 
-
-def reachable(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-    except OSError:
-        return False
-    return True
-
-
-@pytest.fixture(params=sorted(URLS))
+@pytest.fixture(params=TRANSPORTS)
 def kind(request) -> Iterator[str]:
-    url, port = URLS[request.param]
-    if not reachable(port):
-        pytest.skip(f"{request.param} is not reachable on port {port}")
+    """Each broker of the machine: skipped when down, a failure under CI=true."""
+    url = require(request.param)
     with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": {"default": {"URL": url}}}):
         yield request.param
 
