@@ -371,3 +371,23 @@ def test_dead_entries_are_listed_shown_and_retried_in_the_admin(sub, admin_clien
     )
     assert b"Recorded 1 as events; 0 could still not be recorded" in answer.content
     assert EventRecord.objects.get().name == "shop.AdminLater"
+
+
+def test_the_dead_letter_lifetime_prunes_a_consumed_event_and_the_inbox_forgets_it(sub) -> None:
+    from django.test import override_settings
+
+    from django_domain_events import prune_events
+
+    receiver(OrderPlaced, key="t.dies", max_attempts=1)(
+        lambda evt: (_ for _ in ()).throw(ConnectionError("down"))
+    )
+    consumed = message(order_placed_name(), "forget-me")
+    record_batch(sub, [consumed])
+    assert drain_outbox()[DeliveryStatus.DEAD] == 1
+    with override_settings(DJANGO_DOMAIN_EVENTS={"DEAD_LETTER_TTL_SECONDS": 3600}):
+        assert prune_events() == 0
+        later = timezone.now() + timedelta(hours=2)
+        assert prune_events(now=later, older_than=timedelta(hours=1)) == 1
+    assert not EventRecord.objects.exists()
+    # The event row was the inbox's memory of the message: the same message again is new.
+    assert record_batch(sub, [consumed]) == {"recorded": 1}
