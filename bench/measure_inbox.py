@@ -144,7 +144,7 @@ async def _raw_rabbitmq(pg: Any, source: str, count: int) -> float:
 
     connection = await aio_pika.connect(URLS["rabbitmq"][0])
     channel = await connection.channel()
-    await channel.set_qos(prefetch_count=2 * BATCH)
+    await channel.set_qos(prefetch_count=4 * BATCH)  # as the inbox consumer
     exchange = await channel.declare_exchange(source, aio_pika.ExchangeType.TOPIC, durable=True)
     queue = await channel.declare_queue(f"{source}-raw", durable=True)
     await queue.bind(exchange, routing_key="#")

@@ -157,7 +157,7 @@ class Publisher:
 
 class Consumer:
     """A durable queue ``subscription.name`` bound to the exchange ``subscription.source``
-    (one binding per subscribed type, or ``#``), consumed with a prefetch of two batches.
+    (one binding per subscribed type, or ``#``), consumed with a prefetch of four batches.
 
     A batch is acknowledged with one multiple-ack of its last delivery tag; a batch
     handed back is rejected with one multiple-nack, requeued, so it is delivered again.
@@ -177,7 +177,7 @@ class Consumer:
                 self.config.url, timeout=self.config.connect_timeout
             )
             channel = await self.connection.channel()
-            await channel.set_qos(prefetch_count=2 * sub.batch_size)
+            await channel.set_qos(prefetch_count=4 * sub.batch_size)
             exchange = await channel.declare_exchange(
                 sub.source, aio_pika.ExchangeType.TOPIC, durable=True
             )
