@@ -7,7 +7,7 @@ receivers, eager attempts, one relay wake-up). Anything that raises before the c
 commits rolls the whole change back: the event exists if and only if it committed.
 
 On PostgreSQL the event row and its delivery rows are one statement, one round trip
-(``_PgInsert``). Elsewhere the ORM writes them: one ``INSERT`` for the event, one
+(``PgInsert``). Elsewhere the ORM writes them: one ``INSERT`` for the event, one
 multi-row ``INSERT`` for the deliveries. What the registry can answer about an event
 class (its receivers by mode, the eager ones, whether rows need user code) is worked
 out once per class (``_Plan``), not on every call.
@@ -22,10 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connections, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import clock, conf, signals, tally, tracing
 from .codec import encode_event, text_problem
@@ -43,6 +41,7 @@ from .delivery.passes import default_worker_id, deliver_one
 from .delivery.run import call_receiver, refuse_awaitable
 from .delivery.wake import wake_after_commit
 from .models import DeliveryRecord, DeliveryStatus, EventRecord, database_alias
+from .pg_insert import PgInsert, Row
 from .scope import Cause, Scope, caused_by, current_cause, current_scope, suppression_for
 
 logger = logging.getLogger("django_domain_events.fire")
@@ -148,7 +147,7 @@ def _after_insert(
     plan: _Plan,
     evt: object,
     record: EventRecord,
-    rows: list[_Row],
+    rows: list[Row],
     eager_ids: list[int],
     alias: str,
     durable: Sequence[RegisteredReceiver],
@@ -202,7 +201,7 @@ def record_received_many(
         )
     results: list[tuple[int, bool]] = []
     with transaction.atomic(using=alias, savepoint=False):
-        written = _PgInsert.get(connection).events(
+        written = PgInsert.get(connection).events(
             connection, [(record, rows, plan.eager_keys) for plan, _, record, rows in prepared]
         )
         for (plan, evt, record, rows), found in zip(prepared, written, strict=True):
@@ -352,24 +351,14 @@ def _correlation(alias: str, cause: Cause | None) -> str:
     return causing or str(cause.event_id)
 
 
-class _Row(NamedTuple):
-    """One delivery row's own values; every other column starts at its default."""
-
-    receiver_key: str
-    target: str
-    max_attempts: int | None
-    due_at: datetime  # also its available_at
-    expires_at: datetime | None
-
-
 def _insert_event(
-    alias: str, record: EventRecord, rows: Sequence[_Row], eager_keys: Sequence[str]
+    alias: str, record: EventRecord, rows: Sequence[Row], eager_keys: Sequence[str]
 ) -> tuple[int | None, list[int]]:
     """Write the event row and ``rows``; return ``(first event's id, None)`` when the dedupe
     key is taken (nothing written), else ``(None, the ids of the eager rows)``."""
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        written = _PgInsert.get(connection).event(connection, record, rows, eager_keys)
+        written = PgInsert.get(connection).event(connection, record, rows, eager_keys)
         if written is None:
             return _first_with_key(alias, record), []
         record.pk, eager_ids = written
@@ -403,14 +392,14 @@ def _first_with_key(alias: str, record: EventRecord) -> int:
 
 
 def _insert_deliveries(
-    alias: str, event_id: int, rows: Sequence[_Row], eager_keys: Sequence[str]
+    alias: str, event_id: int, rows: Sequence[Row], eager_keys: Sequence[str]
 ) -> list[int]:
     """Write ``rows`` for the event in one statement; the ids of the eager ones, in order."""
     if not rows:
         return []
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        return _PgInsert.get(connection).deliveries(connection, event_id, rows, eager_keys)
+        return PgInsert.get(connection).deliveries(connection, event_id, rows, eager_keys)
     created = DeliveryRecord.objects.using(alias).bulk_create(
         [delivery_record(event_id, row) for row in rows]
     )
@@ -418,7 +407,7 @@ def _insert_deliveries(
     return [d.pk for d in created if d.pk is not None and d.receiver_key in eager_keys]
 
 
-def delivery_record(event_id: int, row: _Row) -> DeliveryRecord:
+def delivery_record(event_id: int, row: Row) -> DeliveryRecord:
     """``row`` as an unsaved model instance: the ORM path, and the benchmark's seeding."""
     return DeliveryRecord(
         event_id=event_id,
@@ -430,160 +419,6 @@ def delivery_record(event_id: int, row: _Row) -> DeliveryRecord:
         due_at=row.due_at,
         expires_at=row.expires_at,
     )
-
-
-class _PgInsert:
-    """The statements that write an event and its deliveries on PostgreSQL, built once.
-
-    The event and all its rows are one statement, a data-modifying CTE:
-
-        WITH e AS (INSERT INTO event (...) VALUES (...)
-                   ON CONFLICT (name, dedupe_key) DO NOTHING RETURNING id),
-             d AS (INSERT INTO delivery (...) SELECT e.id, v.*, <defaults>
-                   FROM e, unnest(%s::varchar[], ...) AS v (...) RETURNING id, receiver_key)
-        SELECT e.id, ARRAY(SELECT d.id FROM d WHERE receiver_key = ANY(<eager keys>)) FROM e
-
-    The rows travel as one array per column, not as ``VALUES`` tuples: the SQL text is
-    the same for any number of rows (nothing to build per call, one shape for the server
-    and for ``pg_stat_statements``), and no fan-out can reach the 65,535-parameter limit.
-    ``ON CONFLICT DO NOTHING`` finds a taken dedupe key without a savepoint: the
-    statement then writes nothing and returns no row. (A null key never conflicts.)
-    """
-
-    _built: _PgInsert | None = None
-
-    @classmethod
-    def get(cls, connection: BaseDatabaseWrapper) -> _PgInsert:
-        if cls._built is None:
-            cls._built = cls(connection)
-        return cls._built
-
-    def __init__(self, connection: BaseDatabaseWrapper) -> None:
-        quote = connection.ops.quote_name
-        self.event_fields = [f for f in EventRecord._meta.concrete_fields if not f.primary_key]
-        values = ", ".join(["%s"] * len(self.event_fields))
-        insert_event = (
-            f"INSERT INTO {quote(EventRecord._meta.db_table)} "
-            f"({', '.join(quote(f.column) for f in self.event_fields)}) VALUES ({values}) "
-            f"ON CONFLICT ({quote('name')}, {quote('dedupe_key')}) DO NOTHING RETURNING id"
-        )
-        # Each delivery column: the event's id, a value of the row, or the column default.
-        given = {
-            "receiver_key": "v.receiver_key",
-            "target": "v.target",
-            "max_attempts": "v.max_attempts",
-            "available_at": "v.due_at",
-            "due_at": "v.due_at",
-            "expires_at": "v.expires_at",
-        }
-        columns, select, self.defaults = [], [], []
-        for f in DeliveryRecord._meta.concrete_fields:
-            if f.primary_key or f.generated:  # error_type: the database computes it
-                continue
-            columns.append(quote(f.column))
-            if f.name == "event":
-                select.append("{event_id}")
-            elif f.name in given:
-                select.append(given[f.name])
-            else:
-                select.append(f"CAST(%s AS {_cast_type(f, connection)})")
-                self.defaults.append(f.get_db_prep_save(f.get_default(), connection))
-        arrays = ", ".join(
-            f"%s::{_cast_type(DeliveryRecord._meta.get_field(name), connection)}[]"
-            for name in _Row._fields
-        )
-        insert_rows = (
-            f"INSERT INTO {quote(DeliveryRecord._meta.db_table)} ({', '.join(columns)}) "
-            f"SELECT {', '.join(select)} FROM {{source}}unnest({arrays}) "
-            f"AS v ({', '.join(_Row._fields)}) RETURNING id, receiver_key"
-        )
-        eager = "ARRAY(SELECT d.id FROM d WHERE d.receiver_key = ANY(%s::varchar[]) ORDER BY d.id)"
-        self.event_sql = (
-            f"WITH e AS ({insert_event}), "
-            f"d AS ({insert_rows.format(event_id='e.id', source='e, ')}) "
-            f"SELECT e.id, {eager} FROM e"
-        )
-        self.deliveries_sql = (
-            f"WITH d AS ({insert_rows.format(event_id='%s', source='')}) SELECT {eager}"
-        )
-
-    def event(
-        self,
-        connection: BaseDatabaseWrapper,
-        record: EventRecord,
-        rows: Sequence[_Row],
-        eager_keys: Sequence[str],
-    ) -> tuple[int, list[int]] | None:
-        """``(event id, eager row ids)``, or None when the dedupe key is taken."""
-        params = [
-            f.get_db_prep_save(getattr(record, f.attname), connection) for f in self.event_fields
-        ]
-        params += self.defaults
-        params += _columns(rows)
-        params.append(list(eager_keys))
-        with connection.cursor() as cursor:
-            cursor.execute(self.event_sql, params)
-            found = cursor.fetchone()
-        return None if found is None else (found[0], found[1])
-
-    def events(
-        self,
-        connection: BaseDatabaseWrapper,
-        batch: Sequence[tuple[EventRecord, Sequence[_Row], Sequence[str]]],
-    ) -> list[tuple[int, list[int]] | None]:
-        """``event()`` for several events, pipelined: one ``executemany``, one round trip
-        for the batch, each statement's answer read back in order."""
-        params = []
-        for record, rows, eager_keys in batch:
-            values = [
-                f.get_db_prep_save(getattr(record, f.attname), connection)
-                for f in self.event_fields
-            ]
-            params.append([*values, *self.defaults, *_columns(rows), list(eager_keys)])
-        found: list[tuple[int, list[int]] | None] = []
-        connection.ensure_connection()
-        # psycopg's own cursor, binding on the server: executemany(returning=True)
-        # pipelines the batch, and the statement is prepared once per connection.
-        with psycopg_cursor(connection.connection) as raw:
-            raw.executemany(self.event_sql, params, returning=True)
-            while True:
-                row = raw.fetchone()
-                found.append(None if row is None else (row[0], row[1]))
-                if not raw.nextset():
-                    break
-        return found
-
-    def deliveries(
-        self,
-        connection: BaseDatabaseWrapper,
-        event_id: int,
-        rows: Sequence[_Row],
-        eager_keys: Sequence[str],
-    ) -> list[int]:
-        params = [event_id, *self.defaults, *_columns(rows), list(eager_keys)]
-        with connection.cursor() as cursor:
-            cursor.execute(self.deliveries_sql, params)
-            return list(cursor.fetchone()[0])
-
-
-def psycopg_cursor(raw_connection: Any) -> Any:
-    """A server-binding cursor on Django's psycopg 3 connection (Django's own binds on
-    the client, quoting every parameter into the text)."""
-    import psycopg
-
-    return psycopg.Cursor(raw_connection)
-
-
-def _columns(rows: Sequence[_Row]) -> list[list[Any]]:
-    """``rows`` turned into one list per column, in ``_Row`` order: the unnest arrays."""
-    if not rows:
-        return [[] for _ in _Row._fields]
-    return [list(column) for column in zip(*rows, strict=True)]
-
-
-def _cast_type(field: Any, connection: BaseDatabaseWrapper) -> str:
-    """The column's type without its length (``varchar``, not ``varchar(255)``)."""
-    return str(field.db_type(connection)).split("(")[0]
 
 
 def inline_context(
@@ -656,7 +491,7 @@ def _delivery_rows(
     evt: object,
     receivers: Iterable[RegisteredReceiver],
     message_expiry: datetime | None = None,
-) -> list[_Row]:
+) -> list[Row]:
     """The rows the durable ``receivers`` are owed, as plain tuples (no model instances).
 
     A consumed message's expiry caps each row's lifetime: the earlier end wins.
@@ -668,7 +503,7 @@ def _delivery_rows(
         if message_expiry is not None:
             expires_at = message_expiry if expires_at is None else min(expires_at, message_expiry)
         for target in resolve_targets(record, evt, receiver):
-            rows.append(_Row(receiver.key, target, receiver.max_attempts, due_at, expires_at))
+            rows.append(Row(receiver.key, target, receiver.max_attempts, due_at, expires_at))
     return rows
 
 
