@@ -304,3 +304,18 @@ def test_a_concurrent_relay_publishes_row_by_row_and_still_charges_no_outage(bro
         close_all()
     owed = DeliveryRecord.objects.get(receiver_key__contains=":nowhere:")
     assert (owed.status, owed.attempts) == ("pending", 0)
+
+
+def test_one_relay_sends_the_events_of_a_key_in_event_order(broker):
+    transport, url, to = broker
+    publish(OrderPlaced, to=to, key=lambda evt: f"customer-{evt.order_id % 3}")
+    with transaction.atomic():
+        for n in range(300):
+            fire(OrderPlaced(order_id=n))
+
+    deliver_pending(batch_size=120)
+
+    found = [env for _, env in brokers.read(transport, url, to)]
+    for key in ("customer-0", "customer-1", "customer-2"):
+        orders = [env.payload()["order_id"] for env in found if env.get("partitionkey") == key]
+        assert orders == sorted(orders) and len(orders) == 100
