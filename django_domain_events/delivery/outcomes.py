@@ -184,6 +184,21 @@ def decide(
     expires_at: datetime | None = None,
 ) -> Outcome:
     """The row's fate after ``error`` ended attempt number ``attempt`` at ``now``."""
+    return _decide(receiver, error, _Attempt(attempt, max_attempts, due_at, now, expires_at))
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """Where the row stood when the attempt ended: what retrying or ending turns on."""
+
+    number: int
+    max_attempts: int | None
+    due_at: datetime
+    now: datetime
+    expires_at: datetime | None
+
+
+def _decide(receiver: RegisteredReceiver, error: BaseException, at: _Attempt) -> Outcome:
     if isinstance(error, NotYet):
         return Outcome(
             status=DeliveryStatus.PENDING,
@@ -196,21 +211,13 @@ def decide(
     if isinstance(error, PermanentFailure):
         return Outcome(DeliveryStatus.DEAD, spent=True, last_error=message)
     if isinstance(error, RetryAfter) and not error.counts:
-        return _deferral(
-            receiver,
-            error,
-            attempt=attempt,
-            max_attempts=max_attempts,
-            due_at=due_at,
-            now=now,
-            expires_at=expires_at,
-        )
+        return _deferral(receiver, error, at)
     warnings: tuple[str, ...] = ()
     if isinstance(error, RetryAfter):
         delay, warnings = _capped(error.seconds, receiver)
     else:
         policy = retry_policy(receiver)
-        wanted, warnings = _policy_delay(policy, attempt, error)
+        wanted, warnings = _policy_delay(policy, at.number, error)
         if wanted is None:
             return Outcome(
                 DeliveryStatus.DEAD,
@@ -218,17 +225,7 @@ def decide(
                 last_error=f"{message} (retry policy {_policy_name(policy)} gave up)",
             )
         delay = wanted
-    return _retry_or_end(
-        receiver,
-        message,
-        delay,
-        warnings,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        due_at=due_at,
-        now=now,
-        expires_at=expires_at,
-    )
+    return _retry_or_end(receiver, message, delay, warnings, at)
 
 
 def _retry_or_end(
@@ -236,19 +233,14 @@ def _retry_or_end(
     message: str,
     delay: float,
     warnings: tuple[str, ...],
-    *,
-    attempt: int,
-    max_attempts: int | None,
-    due_at: datetime,
-    now: datetime,
-    expires_at: datetime | None,
+    at: _Attempt,
 ) -> Outcome:
     """A counted failure to retry ``delay`` seconds on, unless the row's attempts,
     ``give_up_after`` or lifetime end it first."""
-    if max_attempts is not None and attempt >= max_attempts:
+    if at.max_attempts is not None and at.number >= at.max_attempts:
         return Outcome(DeliveryStatus.DEAD, spent=True, last_error=message, warnings=warnings)
     bound = receiver.give_up_after
-    if max_attempts is None and bound is not None and now - due_at >= bound:
+    if at.max_attempts is None and bound is not None and at.now - at.due_at >= bound:
         # Unbounded attempts end by time: owed this long, the row gives up.
         return Outcome(
             DeliveryStatus.DEAD,
@@ -256,10 +248,10 @@ def _retry_or_end(
             last_error=f"{message} (gave up: owed longer than give_up_after={bound})",
             warnings=warnings,
         )
-    retry_at = now + timedelta(seconds=max(delay, 0.0))
-    if expires_at is not None and retry_at >= expires_at:
+    retry_at = at.now + timedelta(seconds=max(delay, 0.0))
+    if at.expires_at is not None and retry_at >= at.expires_at:
         # The next attempt would come after the row's lifetime: it ends here.
-        reason = expired_reason(receiver, expires_at)
+        reason = expired_reason(receiver, at.expires_at)
         return Outcome(
             DeliveryStatus.DEAD, spent=True, last_error=f"{reason} Last error: {message}"
         )
@@ -307,16 +299,7 @@ def _capped(seconds: float, receiver: RegisteredReceiver) -> tuple[float, tuple[
 _uncounted_warned: set[str] = set()
 
 
-def _deferral(
-    receiver: RegisteredReceiver,
-    error: RetryAfter,
-    *,
-    attempt: int,
-    max_attempts: int | None,
-    due_at: datetime,
-    now: datetime,
-    expires_at: datetime | None,
-) -> Outcome:
+def _deferral(receiver: RegisteredReceiver, error: RetryAfter, at: _Attempt) -> Outcome:
     """``RetryAfter(counts=False)``: unspent, jittered upward, bounded by ``give_up_after``."""
     message = describe_error(error)
     if receiver.give_up_after is None:
@@ -329,17 +312,9 @@ def _deferral(
                 "give_up_after= to defer without spending attempts.",
             )
         counted = RetryAfter(error.seconds, error.reason, counts=True)
-        outcome = decide(
-            receiver,
-            counted,
-            attempt=attempt,
-            max_attempts=max_attempts,
-            due_at=due_at,
-            now=now,
-            expires_at=expires_at,
-        )
+        outcome = _decide(receiver, counted, at)
         return Outcome(**{**outcome.__dict__, "warnings": warnings + outcome.warnings})
-    if now - due_at >= receiver.give_up_after:
+    if at.now - at.due_at >= receiver.give_up_after:
         return Outcome(
             DeliveryStatus.DEAD,
             spent=False,
@@ -351,7 +326,7 @@ def _deferral(
     return Outcome(
         DeliveryStatus.FAILED,
         spent=False,
-        available_at=now + timedelta(seconds=wait),
+        available_at=at.now + timedelta(seconds=wait),
         last_error=message,
         pause_seconds=seconds,
         warnings=warnings,
