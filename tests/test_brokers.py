@@ -319,3 +319,22 @@ def test_one_relay_sends_the_events_of_a_key_in_event_order(broker):
     for key in ("customer-0", "customer-1", "customer-2"):
         orders = [env.payload()["order_id"] for env in found if env.get("partitionkey") == key]
         assert orders == sorted(orders) and len(orders) == 100
+
+
+def test_a_batch_costs_the_same_queries_whatever_its_size(broker):
+    """The publish path is O(1) in queries per batch: no query per row."""
+    from django.test.utils import CaptureQueriesContext
+
+    transport, url, to = broker
+    publish(Pinged, to=to, key=lambda evt: f"k{evt.n % 3}")
+    counts = []
+    for size in (2, 40):
+        with transaction.atomic():
+            for n in range(size):
+                fire(Pinged(n=n))
+        with CaptureQueriesContext(connection) as queries:
+            done = deliver_pending(batch_size=size, lane="default")
+        assert done[DeliveryStatus.SUCCEEDED] == size
+        counts.append(len(queries))
+    assert counts[0] == counts[1], counts
+    assert len(brokers.read(transport, url, to)) == 42
