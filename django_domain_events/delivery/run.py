@@ -210,6 +210,39 @@ def prepare(
     """Everything before the receiver runs: a row that cannot run is settled unrun, a row
     lost to another worker skipped (both answered as an attempt's result); the rest is
     ``Ready``, its lease renewed and its event decoded."""
+    admitted = admit(alias, claim, now)
+    if not isinstance(admitted, Admitted):
+        return admitted
+    held, receiver, lease = admitted.claim, admitted.receiver, admitted.lease
+    try:
+        evt, scope = _read(held, decoded)
+    except _UNREADABLE as error:  # a row that cannot become the event: dead, unrun
+        reason = describe_error(error)
+        if not isinstance(error, LookupError | PayloadDecodeError | PayloadUpgradeFailed):
+            reason = f"the payload could not be decoded into {claim.event_name}: {reason}"
+        return _settle_unrun(alias, held, DeliveryStatus.DEAD, reason, receiver)
+    except ImproperlyConfigured:
+        raise  # the codec cannot be loaded: nothing about this row is wrong
+    except Exception as error:  # reading failed: an outage, else one failed attempt
+        if isinstance(error, DatabaseError) and is_outage(error, alias):
+            raise
+        return record_failure(held, receiver, error, now=now)
+    return Ready(held, receiver, lease, evt, context_for(held, scope))
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A claimed row that may run: its receiver, and its lease renewed (not yet decoded)."""
+
+    claim: Claim
+    receiver: RegisteredReceiver
+    lease: timedelta
+
+
+def admit(alias: str, claim: Claim, now: datetime) -> Admitted | Attempted:
+    """The checks before a row runs, without reading its event: a row that cannot run
+    is settled unrun, a row lost to another worker skipped (both answered as an
+    attempt's result). A publisher, which sends the stored payload, needs no more."""
     receiver = registry.receiver(claim.receiver_key)
     if receiver is None or not receiver.durable:
         if not may_orphan(claim.receiver_key, claim.due_at, now):
@@ -236,20 +269,7 @@ def prepare(
     if held is None:
         _warn_lease_lost(claim, ran=False)
         return None, None
-    try:
-        evt, scope = _read(held, decoded)
-    except _UNREADABLE as error:  # a row that cannot become the event: dead, unrun
-        reason = describe_error(error)
-        if not isinstance(error, LookupError | PayloadDecodeError | PayloadUpgradeFailed):
-            reason = f"the payload could not be decoded into {claim.event_name}: {reason}"
-        return _settle_unrun(alias, held, DeliveryStatus.DEAD, reason, receiver)
-    except ImproperlyConfigured:
-        raise  # the codec cannot be loaded: nothing about this row is wrong
-    except Exception as error:  # reading failed: an outage, else one failed attempt
-        if isinstance(error, DatabaseError) and is_outage(error, alias):
-            raise
-        return record_failure(held, receiver, error, now=now)
-    return Ready(held, receiver, lease, evt, context_for(held, scope))
+    return Admitted(held, receiver, lease)
 
 
 # What a payload that cannot become its event raises: the JSON parse, the codec, the
@@ -522,17 +542,21 @@ class Timing:
 
 
 def report_success(claim: Claim, timing: Timing | None = None) -> None:
-    """A success is committed: log it at DEBUG and send ``delivery_succeeded``."""
-    logger.debug(
-        "Delivery %s of %s #%s to %s succeeded on attempt %s.",
-        claim.id,
-        claim.event_name,
-        claim.event_id,
-        claim.receiver_key,
-        claim.attempts + 1,
-        extra=log_fields(claim, DeliveryStatus.SUCCEEDED),
-    )
-    signals.delivery_succeeded.send(**_signal_arguments(claim, timing))
+    """A success is committed: log it at DEBUG and send ``delivery_succeeded`` (their
+    arguments built only when a handler or a listener will see them: a publisher reports
+    thousands of successes a second)."""
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "Delivery %s of %s #%s to %s succeeded on attempt %s.",
+            claim.id,
+            claim.event_name,
+            claim.event_id,
+            claim.receiver_key,
+            claim.attempts + 1,
+            extra=log_fields(claim, DeliveryStatus.SUCCEEDED),
+        )
+    if signals.delivery_succeeded.receivers:
+        signals.delivery_succeeded.send(**_signal_arguments(claim, timing))
 
 
 def _signal_arguments(claim: Claim, timing: Timing | None) -> dict[str, Any]:
