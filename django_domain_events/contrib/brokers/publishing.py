@@ -75,9 +75,16 @@ class Publication:
         if result is not None:
             raise result
 
-    def deliver_batch(self, claims: Sequence[Claim], *, now: datetime) -> list[Result]:
-        """Publish ``claims`` (rows of this broker) together; see the module docstring."""
-        return deliver_batch(self.broker, claims, now=now)
+    def deliver_batch(
+        self,
+        claims: Sequence[Claim],
+        *,
+        now: datetime,
+        meanwhile: Callable[[], object] | None = None,
+    ) -> list[Result]:
+        """Publish ``claims`` (rows of this broker) together, running ``meanwhile()``
+        while their confirms are outstanding; see the module docstring."""
+        return deliver_batch(self.broker, claims, now=now, meanwhile=meanwhile)
 
 
 def publish(
@@ -176,8 +183,15 @@ def _trace(stored: str) -> tuple[str | None, str | None]:
     return carrier.get("traceparent"), carrier.get("tracestate")
 
 
-def deliver_batch(broker: str, claims: Sequence[Claim], *, now: datetime) -> list[Result]:
-    """Send every row, await the confirms, acknowledge the confirmed ones in one commit.
+def deliver_batch(
+    broker: str,
+    claims: Sequence[Claim],
+    *,
+    now: datetime,
+    meanwhile: Callable[[], object] | None = None,
+) -> list[Result]:
+    """Send every row, run ``meanwhile()`` while the confirms are outstanding, await them,
+    acknowledge the confirmed rows in one commit.
 
     The message body is the stored payload, so a row's event is decoded only when its
     publish has a ``key=`` to call; a batch costs the same few queries whatever its size.
@@ -206,7 +220,12 @@ def deliver_batch(broker: str, claims: Sequence[Claim], *, now: datetime) -> lis
             results[row.claim.id] = record_failure(row.claim, row.receiver, error, now=now)
             continue
         messages.append((row, Outgoing(publication.to, env)))
-    confirmations = link(broker).send([message for _, message in messages])
+    sending = link(broker).submit([message for _, message in messages])
+    try:
+        if meanwhile is not None:
+            meanwhile()  # the relay claims its next batch while the confirms are outstanding
+    finally:
+        confirmations = sending.wait()
     results.update(_settle(alias, messages, confirmations, now))
     return [results[claim.id] for claim in claims]
 
