@@ -360,7 +360,7 @@ def test_the_next_batch_is_claimed_while_the_confirms_are_outstanding(broker):
     transport, url, to = broker
     publish(Pinged, to=to)
 
-    alone = _statements_before_the_first_acknowledgement(size=5, events=5)
+    alone = _statements_before_the_first_acknowledgement(size=10, events=5)
     pipelined = _statements_before_the_first_acknowledgement(size=5, events=10)
 
     assert pipelined > alone
