@@ -216,7 +216,7 @@ def deliver_batch(
         publication: Any = row.receiver.func
         try:
             env = _claim_envelope(publication, row, causes.get(row.claim.event_id), source)
-        except Exception as error:  # key= raised: this row's failure
+        except Exception as error:  # key= raised, or the payload is unreadable: this row
             results[row.claim.id] = record_failure(row.claim, row.receiver, error, now=now)
             continue
         messages.append((row, Outgoing(publication.to, env)))
