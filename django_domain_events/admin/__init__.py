@@ -7,8 +7,9 @@ application would run. Filters are built from the registry (event names, receive
 keys, lanes) at request time, so they follow declarations as they change.
 
 One module per concept: ``filters``, ``events``, ``deliveries``, ``schedules`` (with
-ticks), ``dashboard`` (its page) and ``charts``; ``display`` shows values the same way
-on every page, ``readonly`` and ``actions`` hold what the pages share.
+ticks), ``dashboard`` (its page), ``charts`` and ``inbox`` (dead inbox entries);
+``display`` shows values the same way on every page, ``readonly`` and ``actions`` hold
+what the pages share.
 
 Imported by ``django.contrib.admin``'s autodiscovery, so it is only loaded (and the
 models only registered) when the admin is installed.
@@ -19,11 +20,19 @@ from __future__ import annotations
 from django.apps import apps
 from django.contrib import admin
 
-from ..models import DeliveryRecord, EventRecord, OutboxDashboard, ScheduleRecord, TickRecord
+from ..models import (
+    DeadMessage,
+    DeliveryRecord,
+    EventRecord,
+    OutboxDashboard,
+    ScheduleRecord,
+    TickRecord,
+)
 from .dashboard import OutboxDashboardAdmin, dashboard_context
 from .deliveries import DeliveryRecordAdmin
 from .display import when
 from .events import DeliveryInline, EventRecordAdmin
+from .inbox import DeadMessageAdmin
 from .schedules import ScheduleRecordAdmin, TickRecordAdmin
 
 if apps.is_installed("django.contrib.admin"):
@@ -32,8 +41,10 @@ if apps.is_installed("django.contrib.admin"):
     admin.site.register(OutboxDashboard, OutboxDashboardAdmin)
     admin.site.register(ScheduleRecord, ScheduleRecordAdmin)
     admin.site.register(TickRecord, TickRecordAdmin)
+    admin.site.register(DeadMessage, DeadMessageAdmin)
 
 __all__ = [
+    "DeadMessageAdmin",
     "DeliveryInline",
     "DeliveryRecordAdmin",
     "EventRecordAdmin",
