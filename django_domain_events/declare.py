@@ -74,6 +74,7 @@ class RegisteredReceiver:
     is_async: bool = field(default=False, compare=False)
     event_name: str = ""  # the event class's name at declaration; "" for AnyEvent
     ack: str = "each"  # "batch": acknowledged with the rows around it, in one commit
+    priority: int = 0  # within a lane, higher first among due rows, with aging (priority.py)
 
     @property
     def durable(self) -> bool:
@@ -378,6 +379,7 @@ def receiver(
     due: timedelta | Callable[[Any], Any] | None = None,
     ttl: timedelta | None = None,
     ack: str = "each",
+    priority: int = 0,
 ) -> Callable[[F], F]:
     """Declare ``func`` as a reaction to ``event_cls`` (or to every event, ``AnyEvent``).
 
@@ -386,6 +388,10 @@ def receiver(
     the group is rolled back and run again with a savepoint per row, so only the failing
     row is undone), and acknowledges them together in one commit; a crash repeats the
     whole group.
+
+    ``priority``: within a lane, due rows of a higher priority are claimed first; a row
+    waiting longer than ``PRIORITY_AGING_SECONDS`` goes before every row that came due
+    after it, whatever their priority.
     """
     _check_event_class(event_cls)
     options = ReceiverOptions(
@@ -405,6 +411,7 @@ def receiver(
         due=due,
         ttl=ttl,
         ack=ack,
+        priority=priority,
     )
 
     def declare(func: F) -> F:
@@ -456,6 +463,7 @@ def _registered_receiver(
         is_async=inspect.iscoroutinefunction(func),
         event_name=_event_name(event_cls),
         ack=o.ack,
+        priority=o.priority,
     )
 
 

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from django.db import IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from . import clock, conf, signals, tally, tracing
+from . import clock, conf, priority, signals, tally, tracing
 from .codec import encode_event, text_problem
 from .declare import (
     DURABLE,
@@ -248,6 +248,8 @@ class _Row(NamedTuple):
     max_attempts: int | None
     due_at: datetime  # also its available_at
     expires_at: datetime | None
+    priority_credit: int = 0  # priority.credit of the receiver's priority
+    claim_rank: int = 0  # priority.rank(due_at) - priority_credit
 
 
 def _insert_event(
@@ -317,6 +319,8 @@ def delivery_record(event_id: int, row: _Row) -> DeliveryRecord:
         available_at=row.due_at,
         due_at=row.due_at,
         expires_at=row.expires_at,
+        priority_credit=row.priority_credit,
+        claim_rank=row.claim_rank,
     )
 
 
@@ -363,6 +367,8 @@ class _PgInsert:
             "available_at": "v.due_at",
             "due_at": "v.due_at",
             "expires_at": "v.expires_at",
+            "priority_credit": "v.priority_credit",
+            "claim_rank": "v.claim_rank",
         }
         columns, select, self.defaults = [], [], []
         for f in DeliveryRecord._meta.concrete_fields:
@@ -512,8 +518,19 @@ def _delivery_rows(
     for receiver in receivers:
         due_at = resolve_due(receiver, evt, record.occurred_at, record.recorded_at)
         expires_at = receiver_lifetime_end(receiver, due_at)
+        credit = priority.credit(receiver.priority)
         for target in resolve_targets(record, evt, receiver):
-            rows.append(_Row(receiver.key, target, receiver.max_attempts, due_at, expires_at))
+            rows.append(
+                _Row(
+                    receiver.key,
+                    target,
+                    receiver.max_attempts,
+                    due_at,
+                    expires_at,
+                    credit,
+                    priority.rank(due_at) - credit,
+                )
+            )
     return rows
 
 

@@ -83,6 +83,7 @@ class ReceiverOptions:
     due: timedelta | Callable[[Any], Any] | None = field(default=None, metadata=_ROW)
     ttl: timedelta | None = field(default=None, metadata=_ROW)
     ack: str = field(default="each", metadata=_ROW)
+    priority: int = field(default=0, metadata=_ROW)
 
     def __post_init__(self) -> None:
         self._check_mode()
@@ -124,6 +125,7 @@ class ReceiverOptions:
             self._check_lifetimes,
             self._check_ack,
             self._check_due,
+            self._check_priority,
         )
 
     def _check_mode(self) -> None:
@@ -242,3 +244,11 @@ class ReceiverOptions:
                 f"aware datetime, not {due!r}."
             )
         _sync_callable(due, "due")
+
+    def _check_priority(self) -> None:
+        value = self.priority
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(
+                f"@receiver(priority=) must be an int (higher runs first, default 0), "
+                f"not {value!r}."
+            )

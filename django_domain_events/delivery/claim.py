@@ -27,7 +27,7 @@ from django.db import connections, transaction
 from django.db.models import Case, F, PositiveIntegerField, Q, TextField, Value, When
 from django.db.models.functions import Cast, Length
 
-from .. import clock, conf
+from .. import clock, conf, priority
 from ..declare import registry
 from ..models import (
     OWED_VALUES,
@@ -180,16 +180,16 @@ def _table(model: type[Any]) -> str:
 # a later claim that takes them does not charge one of them as well.
 _POSTGRESQL_CLAIM = """
 WITH picked AS (
-    SELECT id, available_at AS was_available, status AS was_status, claimed_by AS was_by,
+    SELECT id, claim_rank AS was_rank, status AS was_status, claimed_by AS was_by,
            claimed_at AS was_at, claim_position AS was_position, receiver_key
     FROM {delivery}
     WHERE status IN {owed} AND {due} {filters}
-    ORDER BY available_at, id
+    ORDER BY claim_rank, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), numbered AS (
-    SELECT p.id, p.was_available, p.was_by, p.was_at, p.was_position,
-           row_number() OVER (ORDER BY p.was_available, p.id) AS position,
+    SELECT p.id, p.was_rank, p.was_by, p.was_at, p.was_position,
+           row_number() OVER (ORDER BY p.was_rank, p.id) AS position,
            CASE
                WHEN p.was_status <> {claimed} THEN false
                WHEN p.was_position = 0 THEN true
@@ -214,6 +214,7 @@ WITH picked AS (
     UPDATE {delivery} AS d
     SET status = CASE WHEN d.attempts = 0 THEN {pending} ELSE {failed} END,
         available_at = %(now)s,
+        claim_rank = %(now_rank)s - d.priority_credit,
         lease_expires_at = NULL
     FROM unstarted AS u
     WHERE d.id = u.id
@@ -224,6 +225,7 @@ WITH picked AS (
         claimed_at = %(now)s,
         lease_expires_at = %(lease_end)s,
         available_at = %(lease_end)s,
+        claim_rank = %(lease_end_rank)s - d.priority_credit,
         claim_position = n.position,
         -- never past the budget: a row already spent is dead-lettered unrun, uncharged
         attempts = CASE
@@ -233,7 +235,7 @@ WITH picked AS (
     FROM numbered AS n
     WHERE d.id = n.id
     RETURNING d.id, d.event_id, d.receiver_key, d.target, d.attempts, d.max_attempts,
-              d.due_at, d.expires_at, d.last_error, n.was_available
+              d.due_at, d.expires_at, d.last_error, n.was_rank
 )
 SELECT c.id, c.event_id, c.receiver_key, c.target, c.attempts, c.max_attempts,
        c.due_at, c.expires_at, e.name, e.version,
@@ -245,7 +247,7 @@ FROM claimed AS c JOIN {event} AS e ON e.id = c.event_id
 CROSS JOIN LATERAL (
     SELECT CASE WHEN pg_column_size(e.payload) <= %(inline)s THEN e.payload::text END AS text
 ) AS p
-ORDER BY c.was_available, c.id
+ORDER BY c.was_rank, c.id
 """
 
 
@@ -258,6 +260,9 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         "lease_end": args.lease_end,
         "task_keys": list(args.task_keys),
         "inline": INLINE_PAYLOAD_BYTES,
+        "now_rank": priority.rank(args.now),
+        "lease_end_rank": priority.rank(args.lease_end),
+        "window": priority.window(args.now),
     }
     if args.only is not None and args.orphans is None:
         filters.append("AND receiver_key = ANY(%(only)s)")
@@ -285,7 +290,7 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
             **STATUS_SQL
         )
         if args.ignore_backoff
-        else "available_at <= %(now)s",
+        else "available_at <= %(now)s AND claim_rank <= %(window)s",
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -353,6 +358,8 @@ def _owed_rows(alias: str, args: _ClaimArgs) -> Any:
     due = Q(available_at__lte=args.now)
     if args.ignore_backoff:
         due |= Q(status=DeliveryStatus.FAILED, due_at__lte=args.now)
+    else:  # the index's range: nothing past the next PRIORITY_AGING_SECONDS is read
+        due &= Q(claim_rank__lte=priority.window(args.now))
     rows = DeliveryRecord.objects.using(alias).filter(due, status__in=OWED_VALUES)
     if args.only is not None:
         mine = Q(receiver_key__in=args.only)
@@ -364,7 +371,7 @@ def _owed_rows(alias: str, args: _ClaimArgs) -> Any:
         rows = rows.exclude(id__in=args.exclude)
     if args.ids is not None:
         rows = rows.filter(id__in=args.ids)
-    return rows.order_by("available_at", "id")
+    return rows.order_by("claim_rank", "id")
 
 
 def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
@@ -554,9 +561,7 @@ def take_over(
 def _update_sql(alias: str, columns: tuple[str, ...]) -> str:
     """The compare-and-set ``UPDATE`` for these columns, built once per shape."""
     quote = connections[alias].ops.quote_name
-    sets = [
-        f"{quote(c)} = {quote(c)} + %s" if c == "attempts" else f"{quote(c)} = %s" for c in columns
-    ]
+    sets = [_assignment(quote, c) for c in columns]
     return (
         f"UPDATE {quote(_table(DeliveryRecord))} SET {', '.join(sets)} "
         f"WHERE {quote('id')} = %s AND {quote('status')} = %s "
@@ -564,12 +569,24 @@ def _update_sql(alias: str, columns: tuple[str, ...]) -> str:
     )
 
 
+def _assignment(quote: Any, column: str) -> str:
+    if column == "attempts":
+        return f"{quote(column)} = {quote(column)} + %s"
+    if column == "claim_rank":
+        return f"{quote(column)} = %s - {quote('priority_credit')}"
+    return f"{quote(column)} = %s"
+
+
 def compare_and_set(alias: str, claim: Claim, assignments: dict[str, Any]) -> bool:
     """One ``UPDATE`` of the claimed row, only while ``claim`` still holds it.
 
-    ``attempts`` is added to, every other column set. False when the row was settled,
-    handed back or taken over since: the caller no longer holds it.
+    ``attempts`` is added to, every other column set; ``claim_rank`` follows a new
+    ``available_at``. False when the row was settled, handed back or taken over since:
+    the caller no longer holds it.
     """
+    moment = assignments.get("available_at")
+    if isinstance(moment, datetime):
+        assignments = {**assignments, "claim_rank": priority.rank(moment)}
     connection = connections[alias]
     adapt = connection.ops.adapt_datetimefield_value
     params = [adapt(v) if isinstance(v, datetime) else v for v in assignments.values()]
