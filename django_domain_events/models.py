@@ -165,8 +165,6 @@ class DeliveryQuerySet(models.QuerySet["DeliveryRecord"]):
 class DeliveryRecord(models.Model):
     """One receiver's (or one target's) delivery of one event, with its attempts."""
 
-    objects = DeliveryQuerySet.as_manager()
-
     id = models.BigAutoField(primary_key=True)
     event = models.ForeignKey(
         EventRecord, on_delete=models.CASCADE, related_name="deliveries", db_index=False
@@ -214,6 +212,8 @@ class DeliveryRecord(models.Model):
         output_field=models.CharField(max_length=ERROR_TYPE_CHARS),
         db_persist=True,
     )
+
+    objects = DeliveryQuerySet.as_manager()
 
     class Meta:
         verbose_name = "delivery"

@@ -29,7 +29,9 @@ def test_the_claim_index_never_covers_settled_history() -> None:
                     "SELECT indexdef FROM pg_indexes WHERE indexname = 'dde_delivery_claim_rank'"
                 )
             else:
-                cursor.execute("SELECT sql FROM sqlite_master WHERE name = 'dde_delivery_claim_rank'")
+                cursor.execute(
+                    "SELECT sql FROM sqlite_master WHERE name = 'dde_delivery_claim_rank'"
+                )
             assert "WHERE" in cursor.fetchone()[0]
     else:  # MariaDB/MySQL: no partial indexes, so a range on status skips history
         assert columns["dde_delivery_claim_rank"] == ["status", "claim_rank", "id"]

@@ -135,4 +135,5 @@ def test_the_claim_reads_the_rank_index_on_postgresql() -> None:
             cursor.execute("EXPLAIN " + claim_sql, params)
             plan = "\n".join(row[0] for row in cursor.fetchall())
         transaction.set_rollback(True)
+    print(plan)
     assert "dde_delivery_claim_rank" in plan, plan
