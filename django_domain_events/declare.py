@@ -75,6 +75,8 @@ class RegisteredReceiver:
     event_name: str = ""  # the event class's name at declaration; "" for AnyEvent
     ack: str = "each"  # "batch": acknowledged with the rows around it, in one commit
     priority: int = 0  # within a lane, higher first among due rows, with aging (priority.py)
+    rate_limit: str | None = None  # "50/s": held across every relay (delivery/limits.py)
+    concurrency_limit: int | None = None  # at most this many running, across every relay
 
     @property
     def durable(self) -> bool:
@@ -380,6 +382,8 @@ def receiver(
     ttl: timedelta | None = None,
     ack: str = "each",
     priority: int = 0,
+    rate_limit: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> Callable[[F], F]:
     """Declare ``func`` as a reaction to ``event_cls`` (or to every event, ``AnyEvent``).
 
@@ -391,7 +395,9 @@ def receiver(
 
     ``priority``: within a lane, due rows of a higher priority are claimed first; a row
     waiting longer than ``PRIORITY_AGING_SECONDS`` goes before every row that came due
-    after it, whatever their priority.
+    after it, whatever their priority. ``rate_limit`` (``"50/s"``, ``"600/m"``,
+    ``"1000/h"``) and ``concurrency_limit`` hold across every relay and slot: a row the
+    limit does not allow now is left owed, unclaimed and uncharged.
     """
     _check_event_class(event_cls)
     options = ReceiverOptions(
@@ -412,6 +418,8 @@ def receiver(
         ttl=ttl,
         ack=ack,
         priority=priority,
+        rate_limit=rate_limit,
+        concurrency_limit=concurrency_limit,
     )
 
     def declare(func: F) -> F:
@@ -464,6 +472,8 @@ def _registered_receiver(
         event_name=_event_name(event_cls),
         ack=o.ack,
         priority=o.priority,
+        rate_limit=o.rate_limit,
+        concurrency_limit=o.concurrency_limit,
     )
 
 

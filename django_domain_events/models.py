@@ -357,6 +357,28 @@ class LanePauseRecord(models.Model):
         return f"{self.lane} paused by {self.worker_id} until {self.until.isoformat()}"
 
 
+class LimitRecord(models.Model):
+    """A limited receiver's shared state: its rate's token bucket and its pause.
+
+    Every relay's claim locks it, refills and spends its tokens (``delivery/limits.py``).
+    How many of its rows run now is not stored: it is counted from the rows under a live
+    lease, so a relay killed while running some frees them when their lease lapses.
+    """
+
+    key = models.CharField(max_length=255, primary_key=True)  # the receiver's key
+    tokens = models.FloatField(default=0.0)
+    refilled_at = models.DateTimeField()
+    # Set when the receiver raised RetryAfter: no relay claims its rows before then.
+    paused_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "django_domain_events_limit"
+        verbose_name = "limit"
+
+    def __str__(self) -> str:
+        return self.key
+
+
 class TickStatus(models.TextChoices):
     """What became of a schedule's tick."""
 

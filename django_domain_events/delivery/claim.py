@@ -37,6 +37,7 @@ from ..models import (
     EventRecord,
     database_alias,
 )
+from . import limits
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,6 @@ def claim_batch(
     if only is not None and not only and orphans is None:
         return []
     alias = database_alias()
-    connection = connections[alias]
     args = _ClaimArgs(
         worker_id,
         now,
@@ -148,10 +148,44 @@ def claim_batch(
         ignore_backoff,
         tuple(r.key for r in registry.receivers if r.durable and r.site == "task"),
     )
-    if connection.vendor == "postgresql":
+    limited = limits.declared(only if only is not None else declared_keys())
+    if limited:
+        return _claim_within_limits(alias, args, limited)
+    return _claim(alias, args)
+
+
+def _claim(alias: str, args: _ClaimArgs) -> list[Claim]:
+    if connections[alias].vendor == "postgresql":
         return _claim_postgresql(alias, args)
     with transaction.atomic(using=alias):
         return _claim_portable(alias, args)
+
+
+def _claim_within_limits(
+    alias: str, args: _ClaimArgs, limited: Sequence[limits.Limit]
+) -> list[Claim]:
+    """The limited receivers' rows first, each up to what its limit allows now, then the
+    rest of the lane; one transaction, holding the limits' rows locked (``limits.py``)."""
+    claims: list[Claim] = []
+    taken: dict[str, int] = {}
+    with transaction.atomic(using=alias):
+        grants = limits.allowances(alias, limited, args.now)
+        for grant in grants:
+            room = min(grant.rows, args.limit - len(claims))
+            if room < 1:
+                continue
+            mine = replace(
+                args, only=(grant.limit.key,), orphans=None, limit=room, first=len(claims) + 1
+            )
+            got = _claim(alias, mine)
+            taken[grant.limit.key] = len(got)
+            claims += got
+        rest = args.limit - len(claims)
+        if rest > 0:
+            skip = tuple(limit.key for limit in limited)
+            claims += _claim(alias, replace(args, limit=rest, skip=skip, first=len(claims) + 1))
+        limits.spend(alias, grants, taken, args.now)
+    return claims
 
 
 @dataclass(frozen=True)
@@ -167,6 +201,8 @@ class _ClaimArgs:
     ids: tuple[int, ...] | None
     ignore_backoff: bool
     task_keys: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()  # keys left out: limited receivers, claimed on their own
+    first: int = 1  # the claim_position of the first row (after the limited ones)
 
 
 def _table(model: type[Any]) -> str:
@@ -189,7 +225,7 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 ), numbered AS (
     SELECT p.id, p.was_rank, p.was_by, p.was_at, p.was_position,
-           row_number() OVER (ORDER BY p.was_rank, p.id) AS position,
+           row_number() OVER (ORDER BY p.was_rank, p.id) + %(first)s - 1 AS position,
            CASE
                WHEN p.was_status <> {claimed} THEN false
                WHEN p.was_position = 0 THEN true
@@ -263,6 +299,7 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         "now_rank": priority.rank(args.now),
         "lease_end_rank": priority.rank(args.lease_end),
         "window": priority.window(args.now),
+        "first": args.first,
     }
     if args.only is not None and args.orphans is None:
         filters.append("AND receiver_key = ANY(%(only)s)")
@@ -274,6 +311,9 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         )
         params.update(only=list(args.only), orphans_due=args.orphans[0])
         params["declared"] = list(args.orphans[1])
+    if args.skip:
+        filters.append("AND NOT (receiver_key = ANY(%(skip)s))")
+        params["skip"] = list(args.skip)
     if args.exclude:
         filters.append("AND NOT (id = ANY(%(exclude)s))")
         params["exclude"] = list(args.exclude)
@@ -367,6 +407,8 @@ def _owed_rows(alias: str, args: _ClaimArgs) -> Any:
             due_by, declared = args.orphans
             mine |= Q(due_at__lte=due_by) & ~Q(receiver_key__in=declared)
         rows = rows.filter(mine)
+    if args.skip:
+        rows = rows.exclude(receiver_key__in=args.skip)
     if args.exclude:
         rows = rows.exclude(id__in=args.exclude)
     if args.ids is not None:
@@ -396,7 +438,7 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
             output_field=PositiveIntegerField(),
         ),
         claim_position=Case(
-            *(When(id=pk, then=Value(position)) for position, pk in enumerate(picked, 1)),
+            *(When(id=pk, then=Value(position)) for position, pk in enumerate(picked, args.first)),
             output_field=PositiveIntegerField(),
         ),
         status=DeliveryStatus.CLAIMED,

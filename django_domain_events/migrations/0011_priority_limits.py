@@ -1,6 +1,7 @@
 """Priorities: each delivery row's ``claim_rank`` (its ``available_at`` in microseconds,
 less its priority's credit) and ``priority_credit``, and the claim's index on
-``(claim_rank, id)`` in place of ``(available_at, id)``. Owed rows get their rank from
+``(claim_rank, id)`` in place of ``(available_at, id)``; limits: the ``LimitRecord``
+table (a limited receiver's token bucket and pause). Owed rows get their rank from
 their ``available_at`` (priority 0); settled rows keep 0, which no claim reads."""
 
 from django.db import migrations, models
@@ -44,6 +45,16 @@ class Migration(migrations.Migration):
             field=models.BigIntegerField(db_default=0, default=0),
         ),
         migrations.RunPython(rank_owed_rows, migrations.RunPython.noop),
+        migrations.CreateModel(
+            name="LimitRecord",
+            fields=[
+                ("key", models.CharField(max_length=255, primary_key=True, serialize=False)),
+                ("tokens", models.FloatField(default=0.0)),
+                ("refilled_at", models.DateTimeField()),
+                ("paused_until", models.DateTimeField(blank=True, null=True)),
+            ],
+            options={"verbose_name": "limit", "db_table": "django_domain_events_limit"},
+        ),
         migrations.RemoveIndex(model_name="deliveryrecord", name="dde_delivery_claim"),
         migrations.AddIndex(
             model_name="deliveryrecord",
