@@ -23,7 +23,9 @@ def fire_each(*events: object) -> None:
 
 
 def keys(now: object, limit: int = 50, worker: str = "w", lease: float = 60) -> list[str]:
-    return [c.receiver_key for c in claim_batch(worker_id=worker, now=now, lease=lease, limit=limit)]
+    return [
+        c.receiver_key for c in claim_batch(worker_id=worker, now=now, lease=lease, limit=limit)
+    ]
 
 
 def test_a_rate_limit_leaves_rows_past_it_owed_and_the_rest_of_the_lane_runs() -> None:
