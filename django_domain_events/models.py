@@ -232,6 +232,13 @@ class DeliveryRecord(models.Model):
                 where=Q(status__in=OWED_VALUES),
                 fallback=["status", "claim_rank", "id"],
             ),
+            # One receiver's owed rows in claim order: the claim of a limited receiver.
+            PartialIndex(
+                fields=["receiver_key", "claim_rank", "id"],
+                name="dde_delivery_key_rank",
+                where=Q(status__in=OWED_VALUES),
+                fallback=["status", "receiver_key", "claim_rank", "id"],
+            ),
             # Health: the work due now, read without touching the table (PostgreSQL).
             PartialIndex(
                 fields=["due_at"],

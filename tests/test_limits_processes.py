@@ -132,6 +132,7 @@ def test_a_rate_limit_holds_across_four_relays_and_the_free_receiver_runs_on() -
         children = relays(4, log, DDE_RATE_LIMIT="50/s")
         try:
             wait_for(lambda: len(runs(log)) >= 1500, 120, "1500 limited runs")
+            wait_for(lambda: len(runs(log, FREE_KEY)) >= 3000, 120, "3000 free runs")
         finally:
             stop(children)
     finally:
@@ -144,4 +145,5 @@ def test_a_rate_limit_holds_across_four_relays_and_the_free_receiver_runs_on() -
         t += 1
     print(f"rate 50/s over 10 s windows: min {min(rates):.1f} max {max(rates):.1f}")
     assert rates and all(45 <= r <= 55 for r in rates)
-    assert len(runs(log, FREE_KEY)) == 3000  # the unlimited receiver of the lane went on
+    free = runs(log, FREE_KEY)
+    print(f"free receiver meanwhile: {len(free) / (free[-1][1] - free[0][0]):.0f} runs/s")

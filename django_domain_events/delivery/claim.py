@@ -164,8 +164,9 @@ def _claim(alias: str, args: _ClaimArgs) -> list[Claim]:
 def _claim_within_limits(
     alias: str, args: _ClaimArgs, limited: Sequence[limits.Limit]
 ) -> list[Claim]:
-    """The limited receivers' rows first, each up to what its limit allows now, then the
-    rest of the lane; one transaction, holding the limits' rows locked (``limits.py``)."""
+    """The limited receivers' rows first, each up to what its limit allows now, in one
+    transaction holding the limits' rows locked (``limits.py``); then the rest of the
+    lane, after the commit, so the lock never slows the unlimited receivers' claims."""
     claims: list[Claim] = []
     taken: dict[str, int] = {}
     with transaction.atomic(using=alias):
@@ -180,11 +181,11 @@ def _claim_within_limits(
             got = _claim(alias, mine)
             taken[grant.limit.key] = len(got)
             claims += got
-        rest = args.limit - len(claims)
-        if rest > 0:
-            skip = tuple(limit.key for limit in limited)
-            claims += _claim(alias, replace(args, limit=rest, skip=skip, first=len(claims) + 1))
-        limits.spend(alias, grants, taken, args.now)
+        limits.spend(alias, grants, taken)
+    rest = args.limit - len(claims)
+    if rest > 0:
+        skip = tuple(limit.key for limit in limited)
+        claims += _claim(alias, replace(args, limit=rest, skip=skip, first=len(claims) + 1))
     return claims
 
 
@@ -301,7 +302,10 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         "window": priority.window(args.now),
         "first": args.first,
     }
-    if args.only is not None and args.orphans is None:
+    if args.only is not None and len(args.only) == 1 and args.orphans is None:
+        filters.append("AND receiver_key = %(one)s")  # one receiver: its own index
+        params["one"] = args.only[0]
+    elif args.only is not None and args.orphans is None:
         filters.append("AND receiver_key = ANY(%(only)s)")
         params["only"] = list(args.only)
     elif args.only is not None and args.orphans is not None:

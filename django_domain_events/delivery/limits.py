@@ -76,6 +76,9 @@ class Grant:
     limit: Limit
     rows: int
     tokens: float
+    # Never moved back: relays claim with slightly different clocks and stale moments, and a
+    # bucket refilled from an earlier time would be handed the same seconds twice.
+    refilled_at: datetime
 
 
 # time.monotonic() at which this process's last claim expects a token; relay._poll reads it.
@@ -108,8 +111,9 @@ def allowances(alias: str, limits: Collection[Limit], now: datetime) -> list[Gra
 
 def _grant(limit: Limit, row: LimitRecord, running: int, now: datetime) -> tuple[Grant, float]:
     """One limit's grant, and the seconds until a token comes when the rate allows none."""
+    refilled_at = max(row.refilled_at, now)
     if row.paused_until is not None and row.paused_until > now:
-        return Grant(limit, 0, row.tokens), math.inf
+        return Grant(limit, 0, row.tokens, row.refilled_at), math.inf
     rows, tokens, wait = math.inf, row.tokens, math.inf
     if limit.rate is not None:
         elapsed = max(0.0, (now - row.refilled_at).total_seconds())
@@ -119,16 +123,17 @@ def _grant(limit: Limit, row: LimitRecord, running: int, now: datetime) -> tuple
             wait = (1 - tokens) / limit.rate
     if limit.concurrency is not None:
         rows = min(rows, max(0, limit.concurrency - running))
-    return Grant(limit, int(min(rows, 1_000_000)), tokens), wait
+    return Grant(limit, int(min(rows, 1_000_000)), tokens, refilled_at), wait
 
 
-def spend(alias: str, grants: Iterable[Grant], taken: Mapping[str, int], now: datetime) -> None:
-    """Write back each rate's bucket: refilled to ``now``, less the rows claimed."""
+def spend(alias: str, grants: Iterable[Grant], taken: Mapping[str, int]) -> None:
+    """Write back each rate's bucket: refilled to its grant's moment, less the rows claimed."""
     for grant in grants:
         if grant.limit.rate is None:
             continue
         LimitRecord.objects.using(alias).filter(key=grant.limit.key).update(
-            tokens=max(0.0, grant.tokens - taken.get(grant.limit.key, 0)), refilled_at=now
+            tokens=max(0.0, grant.tokens - taken.get(grant.limit.key, 0)),
+            refilled_at=grant.refilled_at,
         )
 
 

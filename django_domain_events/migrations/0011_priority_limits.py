@@ -65,4 +65,13 @@ class Migration(migrations.Migration):
                 fallback=["status", "claim_rank", "id"],
             ),
         ),
+        migrations.AddIndex(
+            model_name="deliveryrecord",
+            index=django_domain_events.models.PartialIndex(
+                fields=["receiver_key", "claim_rank", "id"],
+                name="dde_delivery_key_rank",
+                where=Q(status__in=("pending", "failed", "claimed")),
+                fallback=["status", "receiver_key", "claim_rank", "id"],
+            ),
+        ),
     ]
