@@ -82,3 +82,53 @@ def test_a_bad_rate_limit_is_refused_naming_the_form(rate: object) -> None:
 def test_a_bad_concurrency_limit_is_refused(value: object) -> None:
     with pytest.raises(ValueError, match=r"concurrency_limit=\) must be an int >= 1"):
         receiver(Pinged, key="t.bad", concurrency_limit=value)(lambda evt: None)  # type: ignore[arg-type]
+
+
+def test_events_status_and_health_show_each_limit_its_use_and_what_waits() -> None:
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from django_domain_events import outbox_health
+
+    receiver(Pinged, key="t.sms", rate_limit="2/s", concurrency_limit=3)(lambda evt: None)
+    fire_each(*(Pinged(n=n) for n in range(4)))
+    keys(timezone.now(), lease=60)  # one row claimed: the bucket held one token
+    (limit,) = outbox_health().limits
+    assert (limit.key, limit.rate_limit, limit.concurrency_limit) == ("t.sms", "2/s", 3)
+    assert (limit.running, limit.waiting) == (1, 3)
+    out = StringIO()
+    call_command("events_status", stdout=out)
+    assert "limit t.sms: rate=2/s tokens=" in out.getvalue()
+    assert "concurrency=3 running=1 waiting=3" in out.getvalue()
+    out = StringIO()
+    call_command("events_status", "--format", "json", stdout=out)
+    assert json.loads(out.getvalue())["limits"][0]["waiting"] == 3
+
+
+def test_prometheus_reports_each_limit() -> None:
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from django_domain_events.contrib.prometheus import register
+
+    receiver(Pinged, key="t.crm", concurrency_limit=2)(lambda evt: None)
+    fire_each(*(Pinged(n=n) for n in range(3)))
+    keys(timezone.now() + timedelta(seconds=1))
+    registry = CollectorRegistry()
+    register(registry)
+    text = generate_latest(registry).decode()
+    assert 'limit_running{receiver="t.crm"} 2.0' in text
+    assert 'limit_waiting{receiver="t.crm"} 1.0' in text
+    assert 'limit_concurrency{receiver="t.crm"} 2.0' in text
+
+
+def test_the_admin_lists_each_limit(admin_client: object) -> None:
+    receiver(Pinged, key="t.crm", concurrency_limit=2)(lambda evt: None)
+    fire_each(*(Pinged(n=n) for n in range(3)))
+    keys(timezone.now() + timedelta(seconds=1))
+    page = admin_client.get("/admin/django_domain_events/limitrecord/")  # type: ignore[attr-defined]
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "t.crm" in text and "at most 2 at once" in text

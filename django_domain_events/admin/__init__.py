@@ -7,7 +7,8 @@ application would run. Filters are built from the registry (event names, receive
 keys, lanes) at request time, so they follow declarations as they change.
 
 One module per concept: ``filters``, ``events``, ``deliveries``, ``schedules`` (with
-ticks), ``dashboard`` (its page) and ``charts``; ``display`` shows values the same way
+ticks), ``limits`` (the receivers' rate and concurrency limits), ``dashboard`` (its
+page) and ``charts``; ``display`` shows values the same way
 on every page, ``readonly`` and ``actions`` hold what the pages share.
 
 Imported by ``django.contrib.admin``'s autodiscovery, so it is only loaded (and the
@@ -19,11 +20,19 @@ from __future__ import annotations
 from django.apps import apps
 from django.contrib import admin
 
-from ..models import DeliveryRecord, EventRecord, OutboxDashboard, ScheduleRecord, TickRecord
+from ..models import (
+    DeliveryRecord,
+    EventRecord,
+    LimitRecord,
+    OutboxDashboard,
+    ScheduleRecord,
+    TickRecord,
+)
 from .dashboard import OutboxDashboardAdmin, dashboard_context
 from .deliveries import DeliveryRecordAdmin
 from .display import when
 from .events import DeliveryInline, EventRecordAdmin
+from .limits import LimitRecordAdmin
 from .schedules import ScheduleRecordAdmin, TickRecordAdmin
 
 if apps.is_installed("django.contrib.admin"):
@@ -32,11 +41,13 @@ if apps.is_installed("django.contrib.admin"):
     admin.site.register(OutboxDashboard, OutboxDashboardAdmin)
     admin.site.register(ScheduleRecord, ScheduleRecordAdmin)
     admin.site.register(TickRecord, TickRecordAdmin)
+    admin.site.register(LimitRecord, LimitRecordAdmin)
 
 __all__ = [
     "DeliveryInline",
     "DeliveryRecordAdmin",
     "EventRecordAdmin",
+    "LimitRecordAdmin",
     "OutboxDashboardAdmin",
     "ScheduleRecordAdmin",
     "TickRecordAdmin",
