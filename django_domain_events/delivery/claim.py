@@ -169,8 +169,9 @@ def _claim_within_limits(
     lane, after the commit, so the lock never slows the unlimited receivers' claims."""
     claims: list[Claim] = []
     taken: dict[str, int] = {}
+    asking = limits.worth_asking(limited, args.now)
     with transaction.atomic(using=alias):
-        grants = limits.allowances(alias, limited, args.now)
+        grants = limits.allowances(alias, asking, args.now) if asking else []
         for grant in grants:
             room = min(grant.rows, args.limit - len(claims))
             if room < 1:

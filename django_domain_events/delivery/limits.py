@@ -17,7 +17,8 @@ other receivers of the lane are claimed as usual.
   until its ``until`` (``pause``).
 
 A relay whose claim found a rate empty sleeps until the next token (``seconds_to_token``)
-rather than its poll interval, and does not poll faster than that.
+rather than its poll interval, and its claims leave that limit alone until then
+(``worth_asking``): they neither lock it nor wait for it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import math
 import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connections
 from django.db.models import Count
@@ -83,6 +84,21 @@ class Grant:
 
 # time.monotonic() at which this process's last claim expects a token; relay._poll reads it.
 _next_token = math.inf
+# Per rate-only limit, the moment (the claims' clock) before which its bucket is known
+# empty: other relays only take tokens, so no claim before then need lock it.
+_empty_until: dict[str, datetime] = {}
+
+
+def worth_asking(limits: Iterable[Limit], now: datetime) -> tuple[Limit, ...]:
+    """The limits a claim at ``now`` should lock: all but the rates this process saw
+    empty, until their next token is due."""
+    return tuple(lm for lm in limits if not _known_empty(lm.key, now))
+
+
+def _known_empty(key: str, now: datetime) -> bool:
+    until = _empty_until.get(key)
+    # A naive and an aware moment (USE_TZ changed in this process): ask the database.
+    return until is not None and (until.tzinfo is None) == (now.tzinfo is None) and now < until
 
 
 def allowances(alias: str, limits: Collection[Limit], now: datetime) -> list[Grant]:
@@ -105,6 +121,8 @@ def allowances(alias: str, limits: Collection[Limit], now: datetime) -> list[Gra
         grant, seconds = _grant(limit, state[limit.key], running.get(limit.key, 0), now)
         grants.append(grant)
         wait = min(wait, seconds)
+        if limit.concurrency is None and seconds < math.inf:
+            _empty_until[limit.key] = now + timedelta(seconds=seconds)
     _next_token = time.monotonic() + wait
     return grants
 
