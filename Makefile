@@ -1,5 +1,7 @@
 # Build and test entry points. Nothing here needs root.
 #   make demo    build .venv, run the example project end to end on SQLite
+#   make demo-brokers  two services (two settings, two SQLite files) through the first
+#                broker reachable here (Redis, NATS, RabbitMQ): example/twoservices/run.py
 #   make test    build .venv, lint, run the suite on SQLite (USE_TZ on and off),
 #                PostgreSQL and MariaDB where reachable (both required under CI=true,
 #                and then mysqlclient must install)
@@ -17,7 +19,7 @@ EXTRAS := dev,celery,prometheus,opentelemetry,rabbitmq,nats,redis
 # Extra arguments for every pytest run, e.g. make test PYTEST_ARGS="-k relay -x"
 PYTEST_ARGS ?=
 
-.PHONY: .venv demo test lint format bench clean
+.PHONY: .venv demo demo-brokers test lint format bench clean
 
 .venv: $(STAMP)
 
@@ -37,6 +39,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	cd example && ../$(BIN)/python manage.py demo
+
+demo-brokers: $(STAMP)
+	cd example && ../$(BIN)/python twoservices/run.py
 
 test: $(STAMP)
 	bash scripts/test.sh $(PYTEST_ARGS)

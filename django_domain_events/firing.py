@@ -7,7 +7,7 @@ receivers, eager attempts, one relay wake-up). Anything that raises before the c
 commits rolls the whole change back: the event exists if and only if it committed.
 
 On PostgreSQL the event row and its delivery rows are one statement, one round trip
-(``_PgInsert``). Elsewhere the ORM writes them: one ``INSERT`` for the event, one
+(``PgInsert``). Elsewhere the ORM writes them: one ``INSERT`` for the event, one
 multi-row ``INSERT`` for the deliveries. What the registry can answer about an event
 class (its receivers by mode, the eager ones, whether rows need user code) is worked
 out once per class (``_Plan``), not on every call.
@@ -22,10 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connections, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import clock, conf, priority, signals, tally, tracing
 from .codec import encode_event, text_problem
@@ -43,7 +41,8 @@ from .delivery.passes import default_worker_id, deliver_one
 from .delivery.run import call_receiver, refuse_awaitable
 from .delivery.wake import wake_after_commit
 from .models import DeliveryRecord, DeliveryStatus, EventRecord, database_alias
-from .scope import Cause, caused_by, current_cause, current_scope, suppression_for
+from .pg_insert import PgInsert, Row
+from .scope import Cause, Scope, caused_by, current_cause, current_scope, suppression_for
 
 logger = logging.getLogger("django_domain_events.fire")
 
@@ -68,47 +67,152 @@ def fire(
     suppression = suppression_for(type(evt))
     if suppression is not None and not suppression[1]:
         return None
-    settings = conf.get()
     alias = database_alias()
-    if settings.WARN_OUTSIDE_ATOMIC and not connections[alias].in_atomic_block:
+    if conf.get().WARN_OUTSIDE_ATOMIC and not connections[alias].in_atomic_block:
         warnings.warn(
             f"fire({plan.event.name}) outside transaction.atomic(): the event commits on "
             "its own, apart from the change it records. Wrap both in atomic().",
             OutsideAtomicWarning,
             stacklevel=2,
         )
+    occurred = clock.accept(occurred_at, what="fire(occurred_at=)") if occurred_at else None
+    return _record(plan, evt, occurred, dedupe_key, alias, None)[0]
+
+
+@dataclass(frozen=True)
+class Received:
+    """What a consumed message sets on its event row in place of the firing context.
+
+    The inbox (``inbox.py``) records a message through ``record_received``: the row is
+    attributed to the other service (``source``), continues its correlation chain and
+    trace, remembers the message (``origin``, stored as ``EventRecord.received``) and
+    gives every delivery row at most the message's lifetime (``expires_at``).
+    """
+
+    source: str
+    origin: dict[str, str]
+    correlation_id: str = ""
+    trace_context: str = ""
+    expires_at: datetime | None = None
+
+
+def record_received(
+    evt: object, *, occurred_at: datetime, dedupe_key: str, received: Received
+) -> tuple[int, bool]:
+    """Record a consumed message's event exactly as ``fire()`` records a local one.
+
+    Returns ``(event id, created)``: ``created`` is False when ``dedupe_key`` (the inbox
+    key of the message's source and id) is already held, and then nothing is written.
+    """
+    found, created = _record(
+        _plan_for(type(evt)), evt, occurred_at, dedupe_key, database_alias(), received
+    )
+    assert found is not None  # a suppression with record=False is the only None
+    return found, created
+
+
+def _record(
+    plan: _Plan,
+    evt: object,
+    occurred_at: datetime | None,
+    dedupe_key: str | None,
+    alias: str,
+    received: Received | None,
+) -> tuple[int | None, bool]:
+    """The one path of ``fire()`` and the inbox: ``(event id, whether it was written)``."""
+    suppression = suppression_for(type(evt))
+    if suppression is not None and not suppression[1]:
+        return None, False
     recorded_at = clock.now()
-    occurred = clock.accept(occurred_at, what="fire(occurred_at=)") if occurred_at else recorded_at
-    record = _event_row(plan.event, evt, occurred, recorded_at, dedupe_key, suppression, alias)
+    occurred = occurred_at or recorded_at
+    record = _event_row(
+        plan.event, evt, occurred, recorded_at, dedupe_key, suppression, alias, received
+    )
     durable = () if suppression is not None else plan.durable
+    expires_at = received.expires_at if received is not None else None
     # Rows that need no user code are known now, and go out with the event row: one
     # statement on PostgreSQL. targets= and due= callables run once the event row exists,
     # as they always have: they are given its id, and a duplicate must not run them.
-    rows = [] if plan.calls_user_code else _delivery_rows(record, evt, durable)
+    rows = [] if plan.calls_user_code else _delivery_rows(record, evt, durable, expires_at)
     with transaction.atomic(using=alias, savepoint=False):
         existing, eager_ids = _insert_event(alias, record, rows, plan.eager_keys)
         if existing is not None:
-            return existing
-        if suppression is not None:
-            return record.pk
-        if plan.calls_user_code:
-            rows = _delivery_rows(record, evt, durable)
-            eager_ids = _insert_deliveries(alias, record.pk, rows, plan.eager_keys)
-        if plan.scheduled and rows:
-            tally.record(alias, entered=[(row.receiver_key, row.due_at) for row in rows])
-        for receiver in plan.inline:
-            with caused_by(record.pk, record.correlation_id):
-                call_receiver(receiver, evt, inline_context(record, receiver))
-        for receiver in plan.on_commit:
-            transaction.on_commit(partial(_run_on_commit, record, evt, receiver), using=alias)
-        if eager_ids:
-            transaction.on_commit(partial(_attempt_eagerly, eager_ids), using=alias)
-        if rows:
-            wake_after_commit(alias)
-        if signals.event_recorded.has_listeners(type(evt)):
-            recorded = partial(_send_recorded, record, evt, len(rows))
-            transaction.on_commit(recorded, using=alias)
-    return record.pk
+            return existing, False
+        if suppression is None:
+            _after_insert(plan, evt, record, rows, eager_ids, alias, durable, expires_at)
+    return record.pk, True
+
+
+def _after_insert(
+    plan: _Plan,
+    evt: object,
+    record: EventRecord,
+    rows: list[Row],
+    eager_ids: list[int],
+    alias: str,
+    durable: Sequence[RegisteredReceiver],
+    expires_at: datetime | None,
+) -> None:
+    """Once the event row is written: the rows needing user code, the tally, ``INLINE``
+    receivers, and what runs after commit."""
+    if plan.calls_user_code:
+        rows = _delivery_rows(record, evt, durable, expires_at)
+        eager_ids = _insert_deliveries(alias, record.pk, rows, plan.eager_keys)
+    if plan.scheduled and rows:
+        tally.record(alias, entered=[(row.receiver_key, row.due_at) for row in rows])
+    for receiver in plan.inline:
+        with caused_by(record.pk, record.correlation_id):
+            call_receiver(receiver, evt, inline_context(record, receiver))
+    for receiver in plan.on_commit:
+        transaction.on_commit(partial(_run_on_commit, record, evt, receiver), using=alias)
+    if eager_ids:
+        transaction.on_commit(partial(_attempt_eagerly, eager_ids), using=alias)
+    if rows:
+        wake_after_commit(alias)
+    if signals.event_recorded.has_listeners(type(evt)):
+        recorded = partial(_send_recorded, record, evt, len(rows))
+        transaction.on_commit(recorded, using=alias)
+
+
+def record_received_many(
+    items: Sequence[tuple[object, datetime, str, Received]],
+) -> list[tuple[int, bool]]:
+    """``record_received`` for a batch of ``(event, occurred_at, dedupe_key, received)``,
+    in the caller's transaction. On PostgreSQL the statements ``fire()`` would send one
+    at a time go out pipelined (one ``executemany``), when no row needs user code;
+    everything after each insert is ``fire()``'s own."""
+    alias = database_alias()
+    connection = connections[alias]
+    plans = [_plan_for(type(item[0])) for item in items]
+    if (
+        connection.vendor != "postgresql"
+        or any(plan.calls_user_code for plan in plans)
+        or any(suppression_for(type(item[0])) is not None for item in items)
+    ):
+        return [
+            record_received(evt, occurred_at=at, dedupe_key=key, received=got)
+            for evt, at, key, got in items
+        ]
+    prepared = []
+    for plan, (evt, occurred_at, key, got) in zip(plans, items, strict=True):
+        record = _event_row(plan.event, evt, occurred_at, clock.now(), key, None, alias, got)
+        prepared.append(
+            (plan, evt, record, _delivery_rows(record, evt, plan.durable, got.expires_at))
+        )
+    results: list[tuple[int, bool]] = []
+    with transaction.atomic(using=alias, savepoint=False):
+        written = PgInsert.get(connection).events(
+            connection, [(record, rows, plan.eager_keys) for plan, _, record, rows in prepared]
+        )
+        for (plan, evt, record, rows), found in zip(prepared, written, strict=True):
+            if found is None:
+                results.append((_first_with_key(alias, record), False))
+                continue
+            record.pk, eager_ids = found
+            record._state.adding, record._state.db = False, alias
+            _after_insert(plan, evt, record, rows, eager_ids, alias, plan.durable, None)
+            results.append((record.pk, True))
+    return results
 
 
 def _send_recorded(record: EventRecord, evt: object, deliveries: int) -> None:
@@ -198,10 +302,16 @@ def _event_row(
     dedupe_key: str | None,
     suppression: tuple[str, bool] | None,
     alias: str,
+    received: Received | None = None,
 ) -> EventRecord:
-    scope = current_scope()
-    cause = current_cause()
     retention = registered.retention
+    if received is None:
+        scope, cause = current_scope(), current_cause()
+        correlation_id, trace_context = _correlation(alias, cause), tracing.current()
+    else:  # attributed to the other service, continuing its chain and trace
+        scope, cause = Scope(actor_key=received.source, actor_label=received.source), None
+        correlation_id = received.correlation_id or uuid.uuid4().hex
+        trace_context = received.trace_context
     return EventRecord(
         name=registered.name,
         version=registered.version,
@@ -212,7 +322,7 @@ def _event_row(
         actor_key=scope.actor_key,
         actor_label=scope.actor_label,
         scope=scope.values,
-        correlation_id=_correlation(alias, cause),
+        correlation_id=correlation_id,
         causation_id=cause.event_id if cause else None,
         dedupe_key=dedupe_key,
         suppressed_reason=suppression[0] if suppression else "",
@@ -221,7 +331,8 @@ def _event_row(
         else None,
         delete_when=retention.value if isinstance(retention, Retention) else "",
         prune_after=recorded_at + retention if isinstance(retention, timedelta) else None,
-        trace_context=tracing.current(),
+        trace_context=trace_context,
+        received=received.origin if received is not None else None,
     )
 
 
@@ -240,26 +351,14 @@ def _correlation(alias: str, cause: Cause | None) -> str:
     return causing or str(cause.event_id)
 
 
-class _Row(NamedTuple):
-    """One delivery row's own values; every other column starts at its default."""
-
-    receiver_key: str
-    target: str
-    max_attempts: int | None
-    due_at: datetime  # also its available_at
-    expires_at: datetime | None
-    priority_credit: int = 0  # priority.credit of the receiver's priority
-    claim_rank: int = 0  # priority.rank(due_at) - priority_credit
-
-
 def _insert_event(
-    alias: str, record: EventRecord, rows: Sequence[_Row], eager_keys: Sequence[str]
+    alias: str, record: EventRecord, rows: Sequence[Row], eager_keys: Sequence[str]
 ) -> tuple[int | None, list[int]]:
     """Write the event row and ``rows``; return ``(first event's id, None)`` when the dedupe
     key is taken (nothing written), else ``(None, the ids of the eager rows)``."""
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        written = _PgInsert.get(connection).event(connection, record, rows, eager_keys)
+        written = PgInsert.get(connection).event(connection, record, rows, eager_keys)
         if written is None:
             return _first_with_key(alias, record), []
         record.pk, eager_ids = written
@@ -293,14 +392,14 @@ def _first_with_key(alias: str, record: EventRecord) -> int:
 
 
 def _insert_deliveries(
-    alias: str, event_id: int, rows: Sequence[_Row], eager_keys: Sequence[str]
+    alias: str, event_id: int, rows: Sequence[Row], eager_keys: Sequence[str]
 ) -> list[int]:
     """Write ``rows`` for the event in one statement; the ids of the eager ones, in order."""
     if not rows:
         return []
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        return _PgInsert.get(connection).deliveries(connection, event_id, rows, eager_keys)
+        return PgInsert.get(connection).deliveries(connection, event_id, rows, eager_keys)
     created = DeliveryRecord.objects.using(alias).bulk_create(
         [delivery_record(event_id, row) for row in rows]
     )
@@ -308,7 +407,7 @@ def _insert_deliveries(
     return [d.pk for d in created if d.pk is not None and d.receiver_key in eager_keys]
 
 
-def delivery_record(event_id: int, row: _Row) -> DeliveryRecord:
+def delivery_record(event_id: int, row: Row) -> DeliveryRecord:
     """``row`` as an unsaved model instance: the ORM path, and the benchmark's seeding."""
     return DeliveryRecord(
         event_id=event_id,
@@ -322,127 +421,6 @@ def delivery_record(event_id: int, row: _Row) -> DeliveryRecord:
         priority_credit=row.priority_credit,
         claim_rank=row.claim_rank,
     )
-
-
-class _PgInsert:
-    """The statements that write an event and its deliveries on PostgreSQL, built once.
-
-    The event and all its rows are one statement, a data-modifying CTE:
-
-        WITH e AS (INSERT INTO event (...) VALUES (...)
-                   ON CONFLICT (name, dedupe_key) DO NOTHING RETURNING id),
-             d AS (INSERT INTO delivery (...) SELECT e.id, v.*, <defaults>
-                   FROM e, unnest(%s::varchar[], ...) AS v (...) RETURNING id, receiver_key)
-        SELECT e.id, ARRAY(SELECT d.id FROM d WHERE receiver_key = ANY(<eager keys>)) FROM e
-
-    The rows travel as one array per column, not as ``VALUES`` tuples: the SQL text is
-    the same for any number of rows (nothing to build per call, one shape for the server
-    and for ``pg_stat_statements``), and no fan-out can reach the 65,535-parameter limit.
-    ``ON CONFLICT DO NOTHING`` finds a taken dedupe key without a savepoint: the
-    statement then writes nothing and returns no row. (A null key never conflicts.)
-    """
-
-    _built: _PgInsert | None = None
-
-    @classmethod
-    def get(cls, connection: BaseDatabaseWrapper) -> _PgInsert:
-        if cls._built is None:
-            cls._built = cls(connection)
-        return cls._built
-
-    def __init__(self, connection: BaseDatabaseWrapper) -> None:
-        quote = connection.ops.quote_name
-        self.event_fields = [f for f in EventRecord._meta.concrete_fields if not f.primary_key]
-        values = ", ".join(["%s"] * len(self.event_fields))
-        insert_event = (
-            f"INSERT INTO {quote(EventRecord._meta.db_table)} "
-            f"({', '.join(quote(f.column) for f in self.event_fields)}) VALUES ({values}) "
-            f"ON CONFLICT ({quote('name')}, {quote('dedupe_key')}) DO NOTHING RETURNING id"
-        )
-        # Each delivery column: the event's id, a value of the row, or the column default.
-        given = {
-            "receiver_key": "v.receiver_key",
-            "target": "v.target",
-            "max_attempts": "v.max_attempts",
-            "available_at": "v.due_at",
-            "due_at": "v.due_at",
-            "expires_at": "v.expires_at",
-            "priority_credit": "v.priority_credit",
-            "claim_rank": "v.claim_rank",
-        }
-        columns, select, self.defaults = [], [], []
-        for f in DeliveryRecord._meta.concrete_fields:
-            if f.primary_key or f.generated:  # error_type: the database computes it
-                continue
-            columns.append(quote(f.column))
-            if f.name == "event":
-                select.append("{event_id}")
-            elif f.name in given:
-                select.append(given[f.name])
-            else:
-                select.append(f"CAST(%s AS {_cast_type(f, connection)})")
-                self.defaults.append(f.get_db_prep_save(f.get_default(), connection))
-        arrays = ", ".join(
-            f"%s::{_cast_type(DeliveryRecord._meta.get_field(name), connection)}[]"
-            for name in _Row._fields
-        )
-        insert_rows = (
-            f"INSERT INTO {quote(DeliveryRecord._meta.db_table)} ({', '.join(columns)}) "
-            f"SELECT {', '.join(select)} FROM {{source}}unnest({arrays}) "
-            f"AS v ({', '.join(_Row._fields)}) RETURNING id, receiver_key"
-        )
-        eager = "ARRAY(SELECT d.id FROM d WHERE d.receiver_key = ANY(%s::varchar[]) ORDER BY d.id)"
-        self.event_sql = (
-            f"WITH e AS ({insert_event}), "
-            f"d AS ({insert_rows.format(event_id='e.id', source='e, ')}) "
-            f"SELECT e.id, {eager} FROM e"
-        )
-        self.deliveries_sql = (
-            f"WITH d AS ({insert_rows.format(event_id='%s', source='')}) SELECT {eager}"
-        )
-
-    def event(
-        self,
-        connection: BaseDatabaseWrapper,
-        record: EventRecord,
-        rows: Sequence[_Row],
-        eager_keys: Sequence[str],
-    ) -> tuple[int, list[int]] | None:
-        """``(event id, eager row ids)``, or None when the dedupe key is taken."""
-        params = [
-            f.get_db_prep_save(getattr(record, f.attname), connection) for f in self.event_fields
-        ]
-        params += self.defaults
-        params += _columns(rows)
-        params.append(list(eager_keys))
-        with connection.cursor() as cursor:
-            cursor.execute(self.event_sql, params)
-            found = cursor.fetchone()
-        return None if found is None else (found[0], found[1])
-
-    def deliveries(
-        self,
-        connection: BaseDatabaseWrapper,
-        event_id: int,
-        rows: Sequence[_Row],
-        eager_keys: Sequence[str],
-    ) -> list[int]:
-        params = [event_id, *self.defaults, *_columns(rows), list(eager_keys)]
-        with connection.cursor() as cursor:
-            cursor.execute(self.deliveries_sql, params)
-            return list(cursor.fetchone()[0])
-
-
-def _columns(rows: Sequence[_Row]) -> list[list[Any]]:
-    """``rows`` turned into one list per column, in ``_Row`` order: the unnest arrays."""
-    if not rows:
-        return [[] for _ in _Row._fields]
-    return [list(column) for column in zip(*rows, strict=True)]
-
-
-def _cast_type(field: Any, connection: BaseDatabaseWrapper) -> str:
-    """The column's type without its length (``varchar``, not ``varchar(255)``)."""
-    return str(field.db_type(connection)).split("(")[0]
 
 
 def inline_context(
@@ -511,17 +489,25 @@ def resolve_due(
 
 
 def _delivery_rows(
-    record: EventRecord, evt: object, receivers: Iterable[RegisteredReceiver]
-) -> list[_Row]:
-    """The rows the durable ``receivers`` are owed, as plain tuples (no model instances)."""
+    record: EventRecord,
+    evt: object,
+    receivers: Iterable[RegisteredReceiver],
+    message_expiry: datetime | None = None,
+) -> list[Row]:
+    """The rows the durable ``receivers`` are owed, as plain tuples (no model instances).
+
+    A consumed message's expiry caps each row's lifetime: the earlier end wins.
+    """
     rows = []
     for receiver in receivers:
         due_at = resolve_due(receiver, evt, record.occurred_at, record.recorded_at)
         expires_at = receiver_lifetime_end(receiver, due_at)
+        if message_expiry is not None:
+            expires_at = message_expiry if expires_at is None else min(expires_at, message_expiry)
         credit = priority.credit(receiver.priority)
         for target in resolve_targets(record, evt, receiver):
             rows.append(
-                _Row(
+                Row(
                     receiver.key,
                     target,
                     receiver.max_attempts,

@@ -141,6 +141,9 @@ class EventRecord(models.Model):
     delete_when = models.CharField(max_length=16, blank=True, default="")
     # recorded_at + retention_seconds, so the prune compares one column on every database.
     prune_after = models.DateTimeField(null=True, blank=True, db_index=True)
+    # A consumed event's message (inbox.py): its CloudEvents source, id, type, causation
+    # and subscription as the other service sent them; null for an event fired here.
+    received = models.JSONField(null=True, blank=True)
 
     class Meta:
         verbose_name = "event"
@@ -449,6 +452,39 @@ class TickRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.schedule_key} at {self.tick.isoformat()}: {self.status}"
+
+
+class DeadMessage(models.Model):
+    """A consumed message the inbox could not record as an event, kept raw with its reason.
+
+    Acknowledged at the broker, so it never blocks the queue; ``inbox.retry_dead_messages``
+    records it as an event once a deploy declares its type. ``key`` is the message's inbox
+    key (its source and id), or a digest of its bytes when it has neither, so a message
+    redelivered before its acknowledgement reached the broker is kept once.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=255, unique=True)
+    subscription = models.CharField(max_length=255)
+    broker = models.CharField(max_length=255)
+    source = models.CharField(max_length=255, blank=True, default="")
+    message_id = models.CharField(max_length=255, blank=True, default="")
+    type = models.CharField(max_length=255, blank=True, default="")
+    # The transport's headers as received (names and values as text) and the body, raw;
+    # the CloudEvents attributes read from them, which a retry reads the message with.
+    headers = models.JSONField(default=dict, blank=True)
+    attributes = models.JSONField(default=dict, blank=True)
+    body = models.BinaryField()
+    reason = models.TextField()
+    received_at = models.DateTimeField(db_index=True)
+    retried_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "dead inbox entry"
+        verbose_name_plural = "dead inbox entries"
+
+    def __str__(self) -> str:
+        return f"{self.type or '(no type)'} from {self.source or '(no source)'}: {self.reason}"
 
 
 class OutboxDashboard(DeliveryRecord):

@@ -14,8 +14,8 @@ After every step:
   (dead), and disappears only while terminal, through a prune (or, if dead, a purge);
 - ``outbox_health()`` equals the figures counted from the rows themselves;
 - each row's own fields agree with its status (leases, attempts within the budget, ...);
-- a takeover charges at most one attempt per dead claim, to the first row it still held,
-  and the rest of that claim comes back with its attempts as they were;
+- a takeover charges the rows the dead claim was running (``delivery/lapse.py``), each
+  once, and the rest of that claim comes back with its attempts as they were;
 - every run that committed is in the run log exactly once per success the rows show;
 - ``quiet_receivers()`` knows each receiver's newest success, whatever became of its row.
 
@@ -340,7 +340,7 @@ class Lifecycle(RuleBasedStateMachine):
         self.batches: list[Batch] = []
         self.fired: list[int] = []
         self.successes: Counter[int] = Counter()
-        self.charges: Counter[tuple[str, datetime]] = Counter()
+        self.charges: Counter[tuple[str, datetime | None, int]] = Counter()
         self.newest_success: dict[str, datetime] = {}
         self.step = "start"
         self.before = rows()
@@ -797,17 +797,19 @@ class Lifecycle(RuleBasedStateMachine):
 
     def check_takeover(self, before: Row, now_row: Row) -> None:
         """A claimed row claimed again (its lease lapsed) is charged the attempt its dead
-        worker was making exactly when that worker was running it: it was taken alone
-        (position 0), or it is the first row, in claim order, that the dead claim still
-        held, not counting task rows the relay only handed to the queue. Charged once per
-        dead claim; the rest of that claim comes back as it was (checked by the caller)."""
+        worker was making exactly when that worker was running it (``delivery/lapse.py``):
+        it was run at once or alone (position 0), it is a task row (its hand-off was the
+        attempt), or it is the first row, in claim order, that the dead claim still held,
+        not counting task rows the relay only handed to the queue. Charged once per dead
+        claim and row; the rest of that claim comes back as it was (checked by the caller)."""
         if now_row.status != CLAIMED or self.step not in ("claim", "drain"):
             return
         charged = now_row.attempts - before.attempts
         dead_claim = (before.claimed_by, before.claimed_at)
-        running = before.claim_position == 0 or (
-            before.receiver_key != TASK
-            and before.claim_position
+        running = (
+            before.claim_position == 0
+            or before.receiver_key == TASK
+            or before.claim_position
             == min(
                 r.claim_position
                 for r in self.before.values()
@@ -820,9 +822,9 @@ class Lifecycle(RuleBasedStateMachine):
         # Never past the budget: a spent row is dead-lettered unrun when claimed, uncharged.
         assert charged == int(running and not spent), (charged, running, before, now_row)
         if charged:
-            self.charges[dead_claim] += 1
+            self.charges[(*dead_claim, before.id)] += 1
             event("a takeover charged an attempt")
-            assert self.charges[dead_claim] == 1, f"claim {dead_claim} was charged twice"
+            assert self.charges[(*dead_claim, before.id)] == 1, f"{before} was charged twice"
 
     def check_new(self, row: Row) -> None:
         assert row.status == PENDING and row.attempts == 0

@@ -12,11 +12,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import transaction
 from django.test import override_settings
+from django.utils import timezone
 
 from django_domain_events import DeliveryStatus, deliver_pending, fire
 from django_domain_events.delivery.tasks import get_backend
@@ -376,3 +378,37 @@ def test_a_real_db_worker_delivers_what_the_relay_claimed() -> None:
     assert list(Delivered.objects.values_list("delivery_id", flat=True)) == [row.id]
     (result,) = DBTaskResult.objects.all()
     assert result.status == "SUCCESSFUL", f"{out}\n{err}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task_rows_no_celery_worker_takes_are_charged_at_each_lapse_and_end_dead(
+    celery_app: Any,
+) -> None:
+    """No worker on the queue: each lapse of a hand-off is an attempt, the rows end dead
+    after their attempts, and the queue holds one message per attempt, no more."""
+    import redis
+
+    from django_domain_events import receiver
+
+    receiver(OrderPlaced, key="t.unworked", site="task", max_attempts=3, lease_seconds=10)(
+        lambda evt: None
+    )
+    for n in range(30):
+        fire_order(n)
+    setting = {
+        "BACKEND": "tests.test_task_backends.RecordingCeleryBackend",
+        "QUEUE": CELERY_QUEUE,
+    }
+    RecordingCeleryBackend.sent = []
+    start = timezone.now()
+    with override_settings(DJANGO_DOMAIN_EVENTS={"TASK_BACKEND": setting}):
+        for lapse in range(10):  # each pass after the last one's leases lapsed
+            deliver_pending(now=start + timedelta(seconds=lapse * 12))
+    rows = DeliveryRecord.objects.filter(receiver_key="t.unworked")
+    assert set(rows.values_list("status", "attempts")) == {(DeliveryStatus.DEAD, 3)}
+    assert len(RecordingCeleryBackend.sent) == 30 * 3
+    client = redis.Redis.from_url(BROKER_URL)
+    try:
+        assert client.llen(CELERY_QUEUE) == 30 * 3
+    finally:
+        client.close()

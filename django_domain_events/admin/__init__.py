@@ -8,8 +8,9 @@ keys, lanes) at request time, so they follow declarations as they change.
 
 One module per concept: ``filters``, ``events``, ``deliveries``, ``schedules`` (with
 ticks), ``limits`` (the receivers' rate and concurrency limits), ``dashboard`` (its
-page) and ``charts``; ``display`` shows values the same way
-on every page, ``readonly`` and ``actions`` hold what the pages share.
+page), ``charts`` and ``inbox`` (dead inbox entries);
+``display`` shows values the same way on every page, ``readonly`` and ``actions`` hold
+what the pages share.
 
 Imported by ``django.contrib.admin``'s autodiscovery, so it is only loaded (and the
 models only registered) when the admin is installed.
@@ -21,6 +22,7 @@ from django.apps import apps
 from django.contrib import admin
 
 from ..models import (
+    DeadMessage,
     DeliveryRecord,
     EventRecord,
     LimitRecord,
@@ -32,6 +34,7 @@ from .dashboard import OutboxDashboardAdmin, dashboard_context
 from .deliveries import DeliveryRecordAdmin
 from .display import when
 from .events import DeliveryInline, EventRecordAdmin
+from .inbox import DeadMessageAdmin
 from .limits import LimitRecordAdmin
 from .schedules import ScheduleRecordAdmin, TickRecordAdmin
 
@@ -42,8 +45,10 @@ if apps.is_installed("django.contrib.admin"):
     admin.site.register(ScheduleRecord, ScheduleRecordAdmin)
     admin.site.register(TickRecord, TickRecordAdmin)
     admin.site.register(LimitRecord, LimitRecordAdmin)
+    admin.site.register(DeadMessage, DeadMessageAdmin)
 
 __all__ = [
+    "DeadMessageAdmin",
     "DeliveryInline",
     "DeliveryRecordAdmin",
     "EventRecordAdmin",

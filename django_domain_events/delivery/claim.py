@@ -4,8 +4,8 @@ On PostgreSQL one statement picks the rows (``FOR UPDATE SKIP LOCKED``), stamps 
 lease and returns them joined to their events. MariaDB/MySQL pick with ``SKIP LOCKED``
 and stamp in the same transaction; SQLite, a single writer, stamps with one ``UPDATE``
 over a sub-select. A claimed row's ``available_at`` is its lease expiry, so a row whose
-worker died is claimable again by the same index and condition as any owed row; taking
-it over spends the attempt the dead worker was making.
+worker died is claimable again by the same index and condition as any owed row; what
+taking it over costs, and how it runs next, is the lapse rule (``lapse.py``).
 
 A claim carries each event's payload only up to ``INLINE_PAYLOAD_BYTES``; a larger one
 is read when its row runs (``event_payload``), so a relay holds at most one large
@@ -38,6 +38,7 @@ from ..models import (
     database_alias,
 )
 from . import limits
+from .lapse import KEPT_SQL, ROW_COLUMNS, keep_count, running_ids, running_sql
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Claim:
     correlation_id: str
     last_error: str = ""  # the error of the attempt before this one
     trace_context: str = ""  # the event's, for a tracing integration
+    alone: bool = False  # charged for a lapse: run with nothing beside it (lapse.py)
 
 
 # The largest payload (bytes of its JSON text) a claim carries; larger ones are read
@@ -118,13 +120,17 @@ def claim_batch(
     exclude_ids: Collection[int] = (),
     ids: Collection[int] | None = None,
     ignore_backoff: bool = False,
+    at_once: bool = False,
+    alone_ok: bool = True,
 ) -> list[Claim]:
     """Claim up to ``limit`` owed rows due at ``now`` for ``worker_id``, oldest first.
 
     ``lane=None`` claims from every lane; ``ids`` narrows the claim to those rows (a
     direct ``deliver_one``); ``exclude_ids`` keeps rows out (a pass given a ``now=``);
     ``ignore_backoff`` also takes failed rows still waiting out their backoff (tests),
-    never a row whose due time has not come.
+    never a row whose due time has not come. ``at_once``: the caller starts every row
+    at once (a pool), rather than in order. ``alone_ok``: the caller runs nothing else
+    now, so it may take a row that must run alone (``lapse.py``).
     """
     if limit < 1:
         return []
@@ -147,6 +153,8 @@ def claim_batch(
         tuple(ids) if ids is not None else None,
         ignore_backoff,
         tuple(r.key for r in registry.receivers if r.durable and r.site == "task"),
+        at_once,
+        alone_ok,
     )
     limited = limits.declared(only if only is not None else declared_keys())
     if limited:
@@ -166,7 +174,8 @@ def _claim_within_limits(
 ) -> list[Claim]:
     """The limited receivers' rows first, each up to what its limit allows now, in one
     transaction holding the limits' rows locked (``limits.py``); then the rest of the
-    lane, after the commit, so the lock never slows the unlimited receivers' claims."""
+    lane, after the commit, so the lock never slows the unlimited receivers' claims.
+    A row that must run alone (``lapse.py``) ends the claim."""
     claims: list[Claim] = []
     taken: dict[str, int] = {}
     asking = limits.worth_asking(limited, args.now)
@@ -174,20 +183,39 @@ def _claim_within_limits(
         grants = limits.allowances(alias, asking, args.now) if asking else []
         for grant in grants:
             room = min(grant.rows, args.limit - len(claims))
-            if room < 1:
+            if room < 1 or any(claim.alone for claim in claims):
                 continue
-            mine = replace(
-                args, only=(grant.limit.key,), orphans=None, limit=room, first=len(claims) + 1
-            )
-            got = _claim(alias, mine)
+            got = _claim(alias, _more(args, claims, only=(grant.limit.key,), limit=room))
             taken[grant.limit.key] = len(got)
             claims += got
         limits.spend(alias, grants, taken)
     rest = args.limit - len(claims)
-    if rest > 0:
+    if rest > 0 and not any(claim.alone for claim in claims):
         skip = tuple(limit.key for limit in limited)
-        claims += _claim(alias, replace(args, limit=rest, skip=skip, first=len(claims) + 1))
+        claims += _claim(alias, _more(args, claims, only=args.only, limit=rest, skip=skip))
     return claims
+
+
+def _more(
+    args: _ClaimArgs,
+    claims: Sequence[Claim],
+    *,
+    only: tuple[str, ...] | None,
+    limit: int,
+    skip: tuple[str, ...] = (),
+) -> _ClaimArgs:
+    """The arguments of one more claim in a batch that holds ``claims`` already: its rows
+    numbered after them, and none that must run alone unless it is the first."""
+    orphans = args.orphans if only == args.only else None
+    return replace(
+        args,
+        only=only,
+        orphans=orphans,
+        limit=limit,
+        skip=skip,
+        first=len(claims) + 1,
+        alone_ok=args.alone_ok and not claims,
+    )
 
 
 @dataclass(frozen=True)
@@ -203,6 +231,8 @@ class _ClaimArgs:
     ids: tuple[int, ...] | None
     ignore_backoff: bool
     task_keys: tuple[str, ...] = ()
+    at_once: bool = False
+    alone_ok: bool = True
     skip: tuple[str, ...] = ()  # keys left out: limited receivers, claimed on their own
     first: int = 1  # the claim_position of the first row (after the limited ones)
 
@@ -211,11 +241,13 @@ def _table(model: type[Any]) -> str:
     return str(model._meta.db_table)
 
 
-# A lapsed row is charged the attempt its dead worker was making only if it was the one
-# running: taken alone (position 0), or the first row of the dead claim, in run order,
-# that the worker ran itself (a task row it only handed on was never run by it). The rows
-# after a charged one were never started: they are handed back in the same statement, so
-# a later claim that takes them does not charge one of them as well.
+def _pg_is_task(expr: str) -> str:
+    return f"({expr} = ANY(%(task_keys)s::text[]))"
+
+
+# The lapse rule (lapse.py) inside the claim: ``numbered`` judges each picked row,
+# ``kept`` keeps the rows the claim takes, ``unstarted`` finds the rows of a batch run in
+# order after the one charged, whose own leases lapsed too, to hand back.
 _POSTGRESQL_CLAIM = """
 WITH picked AS (
     SELECT id, claim_rank AS was_rank, status AS was_status, claimed_by AS was_by,
@@ -225,28 +257,21 @@ WITH picked AS (
     ORDER BY claim_rank, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), numbered AS (
-    SELECT p.id, p.was_rank, p.was_by, p.was_at, p.was_position,
-           row_number() OVER (ORDER BY p.was_rank, p.id) + %(first)s - 1 AS position,
-           CASE
-               WHEN p.was_status <> {claimed} THEN false
-               WHEN p.was_position = 0 THEN true
-               WHEN p.receiver_key = ANY(%(task_keys)s::text[]) THEN false
-               ELSE NOT EXISTS (
-                   SELECT 1 FROM {delivery} AS o
-                   WHERE o.status = {claimed} AND o.claimed_by = p.was_by
-                     AND o.claimed_at = p.was_at AND o.claim_position < p.was_position
-                     AND NOT (o.receiver_key = ANY(%(task_keys)s::text[]))
-               )
-           END AS charged
+), judged AS (
+    SELECT p.*, row_number() OVER (ORDER BY p.was_rank, p.id) AS position,
+           {running} AS charged, {is_task} AS is_task
     FROM picked AS p
+), numbered AS (
+    SELECT j.*, j.charged AND NOT j.is_task AS alone FROM judged AS j
+), kept AS ({kept}
 ), unstarted AS (
     SELECT d.id
     FROM {delivery} AS d
-    JOIN numbered AS n
-      ON n.charged AND n.was_position > 0 AND d.claimed_by = n.was_by
+    JOIN kept AS n
+      ON n.alone AND n.was_position > 0 AND d.claimed_by = n.was_by
      AND d.claimed_at = n.was_at AND d.claim_position > n.was_position
-    WHERE d.status = {claimed} AND d.id NOT IN (SELECT id FROM picked)
+    WHERE d.status = {claimed} AND d.available_at <= %(now)s
+      AND d.id NOT IN (SELECT id FROM kept)
     FOR UPDATE OF d SKIP LOCKED
 ), handed_back AS (
     UPDATE {delivery} AS d
@@ -264,22 +289,24 @@ WITH picked AS (
         lease_expires_at = %(lease_end)s,
         available_at = %(lease_end)s,
         claim_rank = %(lease_end_rank)s - d.priority_credit,
-        claim_position = n.position,
+        claim_position = CASE
+            WHEN %(at_once)s OR n.alone THEN 0 ELSE n.position + %(first)s - 1
+        END,
         -- never past the budget: a row already spent is dead-lettered unrun, uncharged
         attempts = CASE
             WHEN n.charged AND (d.max_attempts IS NULL OR d.attempts < d.max_attempts)
             THEN d.attempts + 1 ELSE d.attempts
         END
-    FROM numbered AS n
+    FROM kept AS n
     WHERE d.id = n.id
     RETURNING d.id, d.event_id, d.receiver_key, d.target, d.attempts, d.max_attempts,
-              d.due_at, d.expires_at, d.last_error, n.was_rank
+              d.due_at, d.expires_at, d.last_error, n.was_rank, n.alone
 )
 SELECT c.id, c.event_id, c.receiver_key, c.target, c.attempts, c.max_attempts,
        c.due_at, c.expires_at, e.name, e.version,
        CASE WHEN octet_length(p.text) <= %(inline)s THEN p.text END, e.occurred_at,
        e.actor_key, e.actor_label, e.scope::text, e.correlation_id, c.last_error,
-       e.trace_context
+       e.trace_context, c.alone
 FROM claimed AS c JOIN {event} AS e ON e.id = c.event_id
 -- The stored size first: a payload far too large is never turned into text here.
 CROSS JOIN LATERAL (
@@ -298,6 +325,8 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         "lease_end": args.lease_end,
         "task_keys": list(args.task_keys),
         "inline": INLINE_PAYLOAD_BYTES,
+        "at_once": args.at_once,
+        "alone_ok": args.alone_ok,
         "now_rank": priority.rank(args.now),
         "lease_end_rank": priority.rank(args.lease_end),
         "window": priority.window(args.now),
@@ -326,10 +355,17 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         filters.append("AND id = ANY(%(ids)s)")
         params["ids"] = list(args.ids)
     connection = connections[alias]
+    delivery = connection.ops.quote_name(_table(DeliveryRecord))
+    old_claim = ("p.was_status", "p.was_position", "p.was_by", "p.was_at", "p.receiver_key")
     sql = _POSTGRESQL_CLAIM.format(
-        delivery=connection.ops.quote_name(_table(DeliveryRecord)),
+        delivery=delivery,
         event=connection.ops.quote_name(_table(EventRecord)),
         filters=" ".join(filters),
+        running=running_sql(
+            dict(zip(ROW_COLUMNS, old_claim, strict=True)), delivery=delivery, is_task=_pg_is_task
+        ),
+        is_task=_pg_is_task("p.receiver_key"),
+        kept=KEPT_SQL,
         **STATUS_SQL,
         due="(available_at <= %(now)s OR (status = {failed} AND due_at <= %(now)s))".format(
             **STATUS_SQL
@@ -343,12 +379,14 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
     return _claims(rows, args)
 
 
-def _claims(rows: Sequence[Sequence[Any]], args: _ClaimArgs) -> list[Claim]:
+def _claims(
+    rows: Sequence[Sequence[Any]], args: _ClaimArgs, alone_ids: Collection[int] = ()
+) -> list[Claim]:
     """Claims from the rows both claims select, in one column order: the delivery's id,
     event_id, receiver_key, target, attempts, max_attempts, due_at, expires_at, the
     event's name, version, payload (None when too large), occurred_at, actor_key,
     actor_label, scope, correlation_id, the delivery's last_error, and the event's
-    trace_context."""
+    trace_context, and whether it runs alone (a missing column: ``alone_ids``)."""
     return [
         Claim(
             id=row[0],
@@ -372,6 +410,7 @@ def _claims(rows: Sequence[Sequence[Any]], args: _ClaimArgs) -> list[Claim]:
             correlation_id=row[15],
             last_error=row[16],
             trace_context=row[17],
+            alone=bool(row[18]) if len(row) > 18 else row[0] in alone_ids,
         )
         for row in rows
     ]
@@ -425,15 +464,24 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
     owed = _owed_rows(alias, args)
     if connections[alias].features.has_select_for_update_skip_locked:
         owed = owed.select_for_update(skip_locked=True)
-    rows = list(owed.values_list(*_LAPSE_FIELDS)[: args.limit])
-    if not rows:
+    picked = list(owed.values_list(*_PICKED_FIELDS)[: args.limit])
+    if not picked:
         return []
-    picked = tuple(pk for pk, *_ in rows)
-    lapsed = [row for row in rows if row[1] == DeliveryStatus.CLAIMED]
-    charged = _running_when_lapsed(alias, picked, lapsed, args.task_keys, args.now)
+    lapsed = [row[0] for row in picked if row[1] == DeliveryStatus.CLAIMED]
+    charged = running_ids(alias, lapsed, args.task_keys)
+    alone = [row[0] in charged and row[5] not in args.task_keys for row in picked]
+    kept = picked[: keep_count(alone, alone_ok=args.alone_ok)]
+    if not kept:
+        return []
+    alone_ids = {row[0] for row, flag in zip(kept, alone, strict=False) if flag}
+    _hand_back_unstarted(alias, [row for row in kept if row[0] in alone_ids], kept, args.now)
+    ids = tuple(row[0] for row in kept)
+    positions = {
+        pk: 0 if args.at_once or pk in alone_ids else n for n, pk in enumerate(ids, args.first)
+    }
     # The owed condition again: on SQLite a second process may have claimed in between.
     # attempts first: MySQL evaluates assignments left to right, on the new values.
-    _owed_rows(alias, replace(args, ids=picked)).update(
+    _owed_rows(alias, replace(args, ids=ids)).update(
         attempts=Case(
             When(
                 Q(id__in=charged) & (Q(max_attempts=None) | Q(attempts__lt=F("max_attempts"))),
@@ -443,7 +491,7 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
             output_field=PositiveIntegerField(),
         ),
         claim_position=Case(
-            *(When(id=pk, then=Value(position)) for position, pk in enumerate(picked, args.first)),
+            *(When(id=pk, then=Value(position)) for pk, position in positions.items()),
             output_field=PositiveIntegerField(),
         ),
         status=DeliveryStatus.CLAIMED,
@@ -452,47 +500,39 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
         lease_expires_at=args.lease_end,
         available_at=args.lease_end,
     )
-    order = {pk: index for index, pk in enumerate(picked)}
-    return sorted(_held(alias, replace(args, ids=picked)), key=lambda claim: order[claim.id])
+    order = {pk: index for index, pk in enumerate(ids)}
+    held = _held(alias, replace(args, ids=ids), alone_ids)
+    return sorted(held, key=lambda claim: order[claim.id])
 
 
-# What a picked row tells the portable claim about a lapse: read with the pick itself.
-_LAPSE_FIELDS = ("id", "status", "claimed_by", "claimed_at", "claim_position", "receiver_key")
+# What the portable claim reads of each picked row, with the pick itself.
+_PICKED_FIELDS = ("id", "status", "claimed_by", "claimed_at", "claim_position", "receiver_key")
 
 
-def _running_when_lapsed(
-    alias: str,
-    picked: Sequence[int],
-    lapsed: Sequence[tuple[Any, ...]],
-    task_keys: Collection[str],
-    now: datetime,
-) -> list[int]:
-    """Of the picked rows still claimed by a dead worker (``lapsed``), those it was running;
-    the rest of such a worker's batch is handed back. The PostgreSQL claim's rule, in
-    Python: MySQL cannot read the table it updates."""
-
-    def held(claimed_by: str, claimed_at: datetime | None) -> Any:
-        return DeliveryRecord.objects.using(alias).filter(
-            status=DeliveryStatus.CLAIMED, claimed_by=claimed_by, claimed_at=claimed_at
-        )
-
-    charged = []
-    for pk, _, claimed_by, claimed_at, position, key in lapsed:
+def _hand_back_unstarted(
+    alias: str, charged: Sequence[tuple[Any, ...]], kept: Sequence[tuple[Any, ...]], now: datetime
+) -> None:
+    """Hand back the rows after each charged row of a batch run in order, whose own lease
+    lapsed too: they never started (``lapse.py``)."""
+    kept_ids = [row[0] for row in kept]
+    for _, _, claimed_by, claimed_at, position, _ in charged:
         if position == 0:
-            charged.append(pk)
             continue
-        earlier = held(claimed_by, claimed_at).filter(claim_position__lt=position)
-        if key in task_keys or earlier.exclude(receiver_key__in=task_keys).exists():
-            continue
-        charged.append(pk)
         unstarted = (
-            held(claimed_by, claimed_at).filter(claim_position__gt=position).exclude(id__in=picked)
+            DeliveryRecord.objects.using(alias)
+            .filter(
+                status=DeliveryStatus.CLAIMED,
+                claimed_by=claimed_by,
+                claimed_at=claimed_at,
+                claim_position__gt=position,
+                available_at__lte=now,
+            )
+            .exclude(id__in=kept_ids)
         )
         if connections[alias].features.has_select_for_update_skip_locked:
             unstarted = unstarted.select_for_update(skip_locked=True)
         ids = list(unstarted.values_list("id", flat=True))
         DeliveryRecord.objects.using(alias).filter(id__in=ids).update(**_owed_again(now))
-    return charged
 
 
 def _owed_again(moment: datetime) -> dict[str, Any]:
@@ -507,7 +547,7 @@ def _owed_again(moment: datetime) -> dict[str, Any]:
     }
 
 
-def _held(alias: str, args: _ClaimArgs) -> list[Claim]:
+def _held(alias: str, args: _ClaimArgs, alone_ids: Collection[int] = ()) -> list[Claim]:
     held = Q(status=DeliveryStatus.CLAIMED, claimed_by=args.worker_id, claimed_at=args.now)
     if args.ids is not None:
         held &= Q(id__in=args.ids)
@@ -538,7 +578,7 @@ def _held(alias: str, args: _ClaimArgs) -> list[Claim]:
         )
         .order_by("id")[: args.limit]
     )
-    return _claims(list(rows), args)
+    return _claims(list(rows), args, alone_ids)
 
 
 def release(claims: Sequence[Claim], *, now: datetime | None = None) -> int:

@@ -4,9 +4,11 @@ For receivers whose only effects are writes to this database, a commit per deliv
 most of the cost. Here a run of such rows from one claim shares one transaction: each
 receiver runs in a savepoint, a failing one rolls back only its own savepoint and is
 recorded failed in the same commit, and the successes are acknowledged by one
-statement. A crash, or a row of the group lost to another worker, repeats the whole
-group (the second case one row at a time), which is safe only because every effect was
-in the rolled-back transaction.
+statement. The heartbeat keeps every row of the group alive until the commit, so a
+group longer than a lease loses none of its rows to another relay. A crash, or a row
+of the group lost to another worker, repeats the whole group (the second case one row
+at a time), which is safe only because every effect was in the rolled-back
+transaction.
 
 Savepoints cost two round trips a row, so a group first runs without them; only when a
 receiver raises is the group rolled back and run again with one savepoint per row.
@@ -25,7 +27,7 @@ from .. import clock, tally, tracing
 from ..models import STATUS_SQL, DeliveryRecord, DeliveryStatus
 from ..scope import caused_by
 from .claim import Claim, database_alias
-from .lease import kept_alive
+from .lease import kept_alive_together
 from .outage import Blame, blame
 from .outcomes import Outcome
 from .run import (
@@ -88,14 +90,14 @@ def _run_together(
 ) -> dict[int, Attempted]:
     succeeded: list[tuple[Claim, Timing]] = []
     failed: list[tuple[Ready, Outcome, BaseException, Timing]] = []
-    with transaction.atomic(using=alias):
+    kept = [(row.claim, row.lease) for row in ready]
+    with kept_alive_together(alias, kept) as let_go, transaction.atomic(using=alias):
         for row in ready:
             hook = around_delivery(row.ctx)  # an unimportable hook escapes, charging nothing
             timing = Timing.start()
             try:
                 with (
                     transaction.atomic(using=alias, savepoint=savepoints),
-                    kept_alive(alias, row.claim, row.lease),
                     tracing.attempt_span(row.ctx),
                     hook,
                     caused_by(row.claim.event_id, row.claim.correlation_id),
@@ -111,6 +113,7 @@ def _run_together(
                 outcome, written = write_failure(row.claim, row.receiver, error, now=now)
                 if not written:
                     raise _GroupLost from None
+                let_go(row.claim.id)  # written in this transaction: its row is locked
                 failed.append((row, outcome, error, timing.stop()))
                 continue
             succeeded.append((row.claim, timing.stop()))

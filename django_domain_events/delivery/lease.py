@@ -22,7 +22,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -124,6 +124,30 @@ def kept_alive(alias: str, claim: Claim, lease: timedelta) -> Iterator[None]:
         yield
     finally:
         _heartbeat.drop(token)
+
+
+@contextlib.contextmanager
+def kept_alive_together(
+    alias: str, rows: Sequence[tuple[Claim, timedelta]]
+) -> Iterator[Callable[[int], None]]:
+    """Renew the leases of every row of a group run in one transaction while the block
+    runs, not only the running row's: a group longer than a lease keeps all of its rows.
+    Yields ``let_go(claim_id)``, for a row whose outcome is written before the commit."""
+    if connections[alias].vendor == "sqlite":
+        yield lambda claim_id: None
+        return
+    tokens = {claim.id: _heartbeat.keep(alias, claim, lease) for claim, lease in rows}
+
+    def let_go(claim_id: int) -> None:
+        token = tokens.pop(claim_id, None)
+        if token is not None:
+            _heartbeat.drop(token)
+
+    try:
+        yield let_go
+    finally:
+        for token in tokens.values():
+            _heartbeat.drop(token)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from .claim import Claim, claim_batch, database_alias, release, take_over
 from .group import attempt_group
 from .lease import lane_lease
 from .outcomes import Outcome
-from .run import attempt, record_failure
+from .run import attempt, record_failure, settle_if_ended
 from .run import logger as delivery_logger
 from .tasks import hand_off
 
@@ -325,6 +325,9 @@ def run_one(claim: Claim, now: datetime, decoded: dict[int, Any] | None = None) 
         return func.deliver_batch([claim], now=now)[0]
     if receiver is None or not receiver.durable or receiver.site != "task":
         return attempt(claim, now=now, decoded=decoded)
+    ended = settle_if_ended(database_alias(), claim, receiver, now)
+    if ended is not None:  # its lapses spent its attempts: no more messages
+        return ended
     try:
         hand_off(claim)
     except ImproperlyConfigured:

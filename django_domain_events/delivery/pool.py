@@ -3,8 +3,11 @@
 Each worker thread runs one claimed row at a time in its own transaction on its own
 database connection, so a slow receiver holds back only its own slot. The relay claims
 no more rows for a lane than it has free slots, so no claimed row waits behind a slow
-one while its lease runs; each row's lease is renewed when it starts and kept alive
-while it runs, as in a relay that runs one row at a time.
+one while its lease runs, and every row of a claim starts at once (``at_once``: a crash
+charges each row still held, ``lapse.py``); each row's lease is renewed when it starts
+and kept alive while it runs, as in a relay that runs one row at a time. A row charged
+for a lapse runs alone: claimed only when no slot of any lane is busy, and nothing is
+claimed beside it until it is done.
 
 The workers are started from the relay's event loop (``loop.on_relay_loop``), through
 ``sync_to_async``, so that an ``async def`` receiver's coroutine runs on that loop, beside
@@ -173,6 +176,7 @@ class Pools:
             lane: LaneWorkers(lane, sizes[lane], self._run, self.done, self.wake, loop)
             for lane in lanes
         }
+        self.alone: set[int] = set()  # the row running alone, if any
 
     @staticmethod
     def _run(claim: Claim) -> Result:
@@ -190,6 +194,8 @@ class Pools:
     ) -> int:
         """Count what finished, then claim for every free slot; returns rows claimed."""
         self.collect(state)
+        if self.alone:
+            return 0
         claimed = 0
         for lane, workers in self.lanes.items():
             room = workers.free()
@@ -203,10 +209,15 @@ class Pools:
                 lease=lane_lease(lane),
                 limit=min(room, batch_size_of(lane, batch_size, lane_batch_sizes)),
                 lane=lane,
+                at_once=True,
+                alone_ok=not claimed and not self.busy(),
             )
             state.claimed += len(claims)
             claimed += len(claims)
+            self.alone.update(claim.id for claim in claims if claim.alone)
             workers.submit(claims)
+            if self.alone:
+                break
         return claimed
 
     def collect(self, state: Pass) -> None:
@@ -220,7 +231,7 @@ class Pools:
                 state.in_hand.append(done.claim)
             elif done.result is not None and (pause := state.note(done.claim, *done.result)):
                 state.pause(done.lane, pause)
-                give_back(state, self.lanes[done.lane].take_back())
+                self._give_back(state, self.lanes[done.lane].take_back())
         if errors:
             self.drain(state)
             raise errors[0]
@@ -229,7 +240,7 @@ class Pools:
         """Hand back the rows no worker started, and wait for the rows being run, for
         ``shutdown_timeout`` at most; returns the claims still running then."""
         for workers in self.lanes.values():
-            give_back(state, workers.take_back())
+            self._give_back(state, workers.take_back())
         timeout = self.shutdown_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.busy() and (deadline is None or time.monotonic() < deadline):
@@ -261,13 +272,19 @@ class Pools:
         for workers in self.lanes.values():
             workers.close(wait=not left)
 
+    def _give_back(self, state: Pass, claims: list[Claim]) -> None:
+        self.alone.difference_update(claim.id for claim in claims)
+        give_back(state, claims)
+
     def _finished(self) -> list[Done]:
-        found = []
+        found: list[Done] = []
         while True:
             try:
-                found.append(self.done.get_nowait())
+                done = self.done.get_nowait()
             except queue.Empty:
                 return found
+            self.alone.discard(done.claim.id)
+            found.append(done)
 
 
 def _report(done: Done) -> BaseException:

@@ -228,11 +228,9 @@ def prepare(
         reason = f"receiver {claim.receiver_key!r} now listens to {receiver.event_name}, not "
         reason += f"{claim.event_name}; restore the key's receiver and replay, or leave the row."
         return _settle_unrun(alias, claim, DeliveryStatus.ORPHANED, reason, receiver=None)
-    if claim.expires_at is not None and now >= claim.expires_at:
-        reason = expired_reason(receiver, claim.expires_at)
-        return _settle_unrun(alias, claim, DeliveryStatus.DEAD, reason, receiver)
-    if claim.max_attempts is not None and claim.attempts >= claim.max_attempts:
-        return _settle_unrun(alias, claim, DeliveryStatus.DEAD, _lapsed_reason(claim), receiver)
+    ended = settle_if_ended(alias, claim, receiver, now)
+    if ended is not None:
+        return ended
     lease = receiver_lease(receiver)
     held = renew(alias, claim, lease)
     if held is None:
@@ -279,6 +277,19 @@ def _leave_to_another_release(claim: Claim) -> Attempted:
         extra=log_fields(claim),
     )
     return None, None
+
+
+def settle_if_ended(
+    alias: str, claim: Claim, receiver: RegisteredReceiver, now: datetime
+) -> Attempted | None:
+    """Dead-letter, unrun, a claimed row past its lifetime or whose attempts were all spent
+    (the last ones by lapses); None for a row that may still run or be handed to a task."""
+    if claim.expires_at is not None and now >= claim.expires_at:
+        reason = expired_reason(receiver, claim.expires_at)
+        return _settle_unrun(alias, claim, DeliveryStatus.DEAD, reason, receiver)
+    if claim.max_attempts is not None and claim.attempts >= claim.max_attempts:
+        return _settle_unrun(alias, claim, DeliveryStatus.DEAD, _lapsed_reason(claim), receiver)
+    return None
 
 
 def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = None) -> Attempted:

@@ -30,7 +30,7 @@ def rank_owed_rows(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_domain_events", "0009_tick_newest_index"),
+        ("django_domain_events", "0010_inbox"),
     ]
 
     operations = [

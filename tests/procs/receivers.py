@@ -197,6 +197,36 @@ def declare_faulty() -> None:
     receiver(OrderPlaced, key=DOWN_DATABASE_KEY, **FAULTY)(query_down_database)
 
 
+CRASH_KEY = "tests.crash_or_log"
+
+
+def crash_or_log(evt: object, ctx: DeliveryContext) -> None:
+    """Append ``start <id> <pid> <time>`` to DDE_RUN_LOG, run DDE_SLOW_SECONDS, then
+    ``end <id> <pid> <time>``; the row of Pinged(n=DDE_POISON_N) instead writes ``exit``
+    and ends its process at once, as a segfault or an OOM kill would."""
+    with open(os.environ["DDE_RUN_LOG"], "a") as log:
+        log.write(f"start {ctx.delivery_id} {os.getpid()} {time.time()}\n")
+    if getattr(evt, "n", None) == int(os.environ.get("DDE_POISON_N", "-1")):
+        with open(os.environ["DDE_RUN_LOG"], "a") as log:
+            log.write(f"exit {ctx.delivery_id} {os.getpid()} {time.time()}\n")
+        os._exit(3)
+    time.sleep(float(os.environ.get("DDE_SLOW_SECONDS", "0")))
+    with open(os.environ["DDE_RUN_LOG"], "a") as log:
+        log.write(f"end {ctx.delivery_id} {os.getpid()} {time.time()}\n")
+
+
+def declare_crash_or_log() -> None:
+    receiver(Pinged, key=CRASH_KEY, takes_context=True, max_attempts=3)(crash_or_log)
+
+
+BATCH_RUN_LOG_KEY = "tests.log_run_batch"
+
+
+def declare_batch_run_logger() -> None:
+    """The run logger with group acknowledgement: a claim's rows run in one commit."""
+    receiver(Pinged, key=BATCH_RUN_LOG_KEY, takes_context=True, ack="batch")(log_run)
+
+
 LIMITED_KEY = "tests.limited"
 FREE_KEY = "tests.free"
 

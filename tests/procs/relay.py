@@ -6,7 +6,10 @@ DDE_READY_FILE, when set, is created once the relay is about to start; with DDE_
 it then waits for that file (``tests.procs.ready_then_go``); DDE_RECEIVERS=run_log
 declares only the run logger (tests.procs.receivers.log_run), DDE_RECEIVERS=async_run_log
 only its async def twin (log_run_async), DDE_RECEIVERS=faulty the run logger and
-the receivers that fail outside a plain exception (declare_faulty), DDE_RECEIVERS=with_failing
+the receivers that fail outside a plain exception (declare_faulty),
+DDE_RECEIVERS=crash_or_log only the receiver that ends its process on one row
+(crash_or_log, with DDE_POISON_N), DDE_RECEIVERS=batch_run_log the run logger with
+ack="batch", DDE_RECEIVERS=with_failing
 adds an always failing receiver on the mail lane (declare_failing), DDE_RECEIVERS=limited
 a limited receiver and a free one (declare_limited, with DDE_RATE_LIMIT and
 DDE_CONCURRENCY_LIMIT); DDE_SPANS_FILE, when
@@ -34,6 +37,8 @@ from tests.procs import ready_then_go  # noqa: E402
 from tests.procs.receivers import (  # noqa: E402
     declare_all,
     declare_async_run_logger,
+    declare_batch_run_logger,
+    declare_crash_or_log,
     declare_failing,
     declare_faulty,
     declare_limited,
@@ -72,6 +77,10 @@ elif os.environ.get("DDE_RECEIVERS") == "limited":
 elif os.environ.get("DDE_RECEIVERS") == "faulty":
     declare_run_logger()
     declare_faulty()
+elif os.environ.get("DDE_RECEIVERS") == "batch_run_log":
+    declare_batch_run_logger()
+elif os.environ.get("DDE_RECEIVERS") == "crash_or_log":
+    declare_crash_or_log()
 else:
     declare_all()
 if os.environ.get("DDE_RECEIVERS") == "with_failing":

@@ -19,8 +19,10 @@ from nats.errors import ConnectionClosedError, NoServersError, StaleConnectionEr
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import NotFoundError
 
+from ...inbox import Message
 from . import envelope
 from .config import BrokerConfig, nats_stream_name
+from .consuming import Fetched
 from .transport import BrokerDown, Confirmations, Outgoing, Refused
 
 _DOWN = (ConnectionClosedError, NoServersError, StaleConnectionError, OSError)
@@ -120,3 +122,80 @@ class Publisher:
         if nc is not None:
             with contextlib.suppress(Exception):  # a broken connection may not close cleanly
                 await nc.close()
+
+
+# ---------------------------------------------------------------- consuming
+
+
+class Consumer:
+    """A durable pull consumer on the stream capturing ``<source>.>`` (created if
+    missing, as the publisher would), named ``subscription.name`` with the characters
+    NATS forbids replaced (``config.nats_stream_name``'s rule). Processes sharing the name
+    share the messages. Each message is acknowledged on its own (JetStream's ack-all
+    would also acknowledge messages another process holds); the acks are flushed once.
+    """
+
+    def __init__(self, config: BrokerConfig, subscription: Any, worker_id: str) -> None:
+        self.config = config
+        self.subscription = subscription
+        self.nc: Any = None
+        self.pull: Any = None
+
+    async def connect(self) -> None:
+        from nats.js.api import AckPolicy, ConsumerConfig
+
+        sub = self.subscription
+        publisher = Publisher(self.config)
+        await publisher.connect()
+        self.nc = publisher.nc
+        try:
+            await publisher.ensure_stream(sub.source)
+            durable = nats_stream_name(sub.name).replace(":", "_")
+            wait = float(sub.options.get("ack_wait_seconds", 30.0))
+            self.pull = await publisher.js.pull_subscribe(
+                f"{sub.source}.>",
+                durable=durable,
+                stream=nats_stream_name(sub.source),
+                config=ConsumerConfig(
+                    ack_policy=AckPolicy.EXPLICIT,
+                    ack_wait=wait,
+                    max_ack_pending=max(1000, 4 * sub.batch_size),
+                ),
+            )
+        except (TimeoutError, *_DOWN, NatsTimeoutError) as error:
+            await self.close()
+            raise BrokerDown(f"{type(error).__name__}: {error}") from error
+
+    async def fetch(self, limit: int, wait: float) -> list[Any]:
+        if self.nc is None or not self.nc.is_connected:
+            raise BrokerDown("the connection to NATS is closed")
+        try:
+            got = await self.pull.fetch(batch=limit, timeout=max(wait, 0.05))
+        except (TimeoutError, NatsTimeoutError):
+            return []
+        return [Fetched(_nats_message(m), m) for m in got]
+
+    async def ack(self, batch: Sequence[Any]) -> None:
+        for fetched in batch:
+            await fetched.token.ack()
+        await self.nc.flush(timeout=self.config.confirm_timeout)
+
+    async def release(self, batch: Sequence[Any]) -> None:
+        for fetched in batch:
+            await fetched.token.nak()
+        await self.nc.flush(timeout=self.config.confirm_timeout)
+
+    async def close(self) -> None:
+        nc, self.nc, self.pull = self.nc, None, None
+        if nc is not None:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+
+def _nats_message(incoming: Any) -> Any:
+    headers = {str(k): str(v) for k, v in (incoming.headers or {}).items()}
+    try:
+        attributes = dict(envelope.from_nats(incoming.headers, incoming.data).attributes)
+    except envelope.EnvelopeError:
+        attributes = {}
+    return Message(attributes=attributes, body=bytes(incoming.data), headers=headers)

@@ -19,8 +19,10 @@ from typing import Any
 import aio_pika
 from aio_pika.exceptions import AMQPConnectionError, ChannelClosed, ConnectionClosed
 
+from ...inbox import Message
 from . import envelope
 from .config import BrokerConfig
+from .consuming import Fetched
 from .transport import BrokerDown, Confirmations, Outgoing, Refused
 
 _DOWN = (AMQPConnectionError, ConnectionClosed, ConnectionError, OSError)
@@ -148,3 +150,94 @@ class Publisher:
         if connection is not None:
             with contextlib.suppress(Exception):  # a broken connection may not close cleanly
                 await connection.close()
+
+
+# ---------------------------------------------------------------- consuming
+
+
+class Consumer:
+    """A durable queue ``subscription.name`` bound to the exchange ``subscription.source``
+    (one binding per subscribed type, or ``#``), consumed with a prefetch of four batches.
+
+    A batch is acknowledged with one multiple-ack of its last delivery tag; a batch
+    handed back is rejected with one multiple-nack, requeued, so it is delivered again.
+    """
+
+    def __init__(self, config: BrokerConfig, subscription: Any, worker_id: str) -> None:
+        self.config = config
+        self.subscription = subscription
+        self.worker_id = worker_id
+        self.connection: Any = None
+        self.received: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def connect(self) -> None:
+        sub = self.subscription
+        try:
+            self.connection = await aio_pika.connect(
+                self.config.url, timeout=self.config.connect_timeout
+            )
+            channel = await self.connection.channel()
+            await channel.set_qos(prefetch_count=4 * sub.batch_size)
+            exchange = await channel.declare_exchange(
+                sub.source, aio_pika.ExchangeType.TOPIC, durable=True
+            )
+            queue = await channel.declare_queue(sub.name, durable=True)
+            for key in sorted(sub.events) if sub.events is not None else ["#"]:
+                await queue.bind(exchange, routing_key=key)
+            self.received = asyncio.Queue()
+            await queue.consume(self.received.put, consumer_tag=f"{self.worker_id}:{sub.name}")
+        except (TimeoutError, *_DOWN) as error:
+            await self.close()
+            raise BrokerDown(f"{type(error).__name__}: {error}") from error
+
+    async def fetch(self, limit: int, wait: float) -> list[Any]:
+        if _broken(self.connection):
+            raise BrokerDown("the connection to RabbitMQ is closed")
+        try:
+            first = await asyncio.wait_for(self.received.get(), wait)
+        except TimeoutError:
+            return []
+        batch = [first]
+        while len(batch) < limit and not self.received.empty():
+            batch.append(self.received.get_nowait())
+        return [Fetched(_amqp_message(m), m) for m in batch]
+
+    async def ack(self, batch: Sequence[Any]) -> None:
+        await batch[-1].token.ack(multiple=True)
+
+    async def release(self, batch: Sequence[Any]) -> None:
+        await batch[-1].token.nack(multiple=True, requeue=True)
+
+    async def close(self) -> None:
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+
+def _broken(connection: Any) -> bool:
+    """Whether the connection is gone. aio-pika leaves ``is_closed`` False when the broker
+    closed it (a restart): ``connected`` is cleared then, so both are read."""
+    return connection is None or connection.is_closed or not connection.connected.is_set()
+
+
+def _amqp_message(incoming: Any) -> Any:
+    """The inbox's view of a delivered AMQP message; its headers kept as text."""
+    headers = {str(k): _header_text(v) for k, v in (incoming.headers or {}).items()}
+    for name in ("content_type", "message_id"):
+        if getattr(incoming, name, None):
+            headers[f"amqp.{name}"] = str(getattr(incoming, name))
+    try:
+        attributes = envelope.from_amqp(
+            incoming.headers,
+            incoming.body,
+            content_type=incoming.content_type,
+            message_id=incoming.message_id,
+        ).attributes
+    except envelope.EnvelopeError:
+        attributes = {}
+    return Message(attributes=dict(attributes), body=bytes(incoming.body), headers=headers)
+
+
+def _header_text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else str(value)

@@ -9,6 +9,7 @@ delivery.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,8 +17,10 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ...inbox import Message
 from . import envelope
 from .config import BrokerConfig
+from .consuming import Fetched
 from .transport import BrokerDown, Confirmations, Outgoing, Refused
 
 _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -69,3 +72,100 @@ class Publisher:
         if client is not None:
             with contextlib.suppress(Exception):  # a broken connection may not close cleanly
                 await client.aclose()
+
+
+# ---------------------------------------------------------------- consuming
+
+
+class Consumer:
+    """The consumer group ``subscription.name`` on the stream ``subscription.source``
+    (created from the stream's start, with the stream, if missing), read as the consumer
+    ``worker_id``. A batch is acknowledged with one ``XACK`` of all its ids. Entries a
+    dead consumer left pending are claimed with ``XAUTOCLAIM`` once they have been idle
+    for ``ack_wait_seconds``; this consumer's own pending entries (a batch handed back)
+    are read again first.
+    """
+
+    def __init__(self, config: BrokerConfig, subscription: Any, worker_id: str) -> None:
+        self.config = config
+        self.subscription = subscription
+        self.worker_id = worker_id
+        self.client: Any = None
+        self.own_pending = True
+        self.claimed_at = 0.0
+
+    async def connect(self) -> None:
+        from redis.exceptions import ResponseError
+
+        publisher = Publisher(self.config)
+        await publisher.connect()
+        self.client = publisher.client
+        sub = self.subscription
+        try:
+            await self.client.xgroup_create(sub.source, sub.name, id="0", mkstream=True)
+        except ResponseError as error:
+            if "BUSYGROUP" not in str(error):
+                raise
+        except _DOWN as error:
+            await self.close()
+            raise BrokerDown(f"{type(error).__name__}: {error}") from error
+        self.own_pending = True
+
+    async def fetch(self, limit: int, wait: float) -> list[Any]:
+        sub = self.subscription
+        if self.own_pending:
+            entries = await self._read("0", limit, None)
+            if entries:
+                return entries
+            self.own_pending = False
+        idle_ms = int(float(sub.options.get("ack_wait_seconds", 30.0)) * 1000)
+        now = time.monotonic()
+        if now - self.claimed_at >= idle_ms / 2000:
+            self.claimed_at = now
+            _, claimed, *_ = await self.client.xautoclaim(
+                sub.source, sub.name, self.worker_id, idle_ms, "0-0", count=limit
+            )
+            if claimed:
+                return await self._fetched(claimed)
+        return await self._read(">", limit, max(1, int(wait * 1000)))
+
+    async def _read(self, start: str, limit: int, block: int | None) -> list[Any]:
+        sub = self.subscription
+        reply = await self.client.xreadgroup(
+            sub.name, self.worker_id, {sub.source: start}, count=limit, block=block
+        )
+        entries = [entry for _, stream_entries in reply or [] for entry in stream_entries]
+        return await self._fetched(entries)
+
+    async def _fetched(self, entries: Sequence[Any]) -> list[Any]:
+        gone = [entry_id for entry_id, fields in entries if not fields]
+        if gone:  # trimmed from the stream while pending: nothing left to record
+            await self.client.xack(self.subscription.source, self.subscription.name, *gone)
+        return [Fetched(_redis_message(fields), entry_id) for entry_id, fields in entries if fields]
+
+    async def ack(self, batch: Sequence[Any]) -> None:
+        sub = self.subscription
+        await self.client.xack(sub.source, sub.name, *[fetched.token for fetched in batch])
+
+    async def release(self, batch: Sequence[Any]) -> None:
+        self.own_pending = True  # still pending for this consumer: read again first
+
+    async def close(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+
+def _redis_message(fields: Any) -> Any:
+    def text(value: Any) -> str:
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+    headers = {text(k): text(v) for k, v in fields.items() if text(k) != envelope.REDIS_DATA}
+    data = fields.get(envelope.REDIS_DATA.encode(), fields.get(envelope.REDIS_DATA, b""))
+    body = data if isinstance(data, bytes) else str(data).encode()
+    try:
+        attributes = dict(envelope.from_redis(fields).attributes)
+    except envelope.EnvelopeError:
+        attributes = {}
+    return Message(attributes=attributes, body=body, headers=headers)

@@ -1,0 +1,184 @@
+"""The statements that write an event and its delivery rows on PostgreSQL.
+
+``fire()`` (``firing.py``) builds the rows; on PostgreSQL they go out here, the event and
+all its rows in one statement, and a consumed batch (the inbox) as those statements
+pipelined. Elsewhere the ORM writes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .models import DeliveryRecord, EventRecord
+
+
+class Row(NamedTuple):
+    """One delivery row's own values; every other column starts at its default."""
+
+    receiver_key: str
+    target: str
+    max_attempts: int | None
+    due_at: datetime  # also its available_at
+    expires_at: datetime | None
+    priority_credit: int = 0  # priority.credit of the receiver's priority
+    claim_rank: int = 0  # priority.rank(due_at) - priority_credit
+
+
+class PgInsert:
+    """The statements that write an event and its deliveries on PostgreSQL, built once.
+
+    The event and all its rows are one statement, a data-modifying CTE:
+
+        WITH e AS (INSERT INTO event (...) VALUES (...)
+                   ON CONFLICT (name, dedupe_key) DO NOTHING RETURNING id),
+             d AS (INSERT INTO delivery (...) SELECT e.id, v.*, <defaults>
+                   FROM e, unnest(%s::varchar[], ...) AS v (...) RETURNING id, receiver_key)
+        SELECT e.id, ARRAY(SELECT d.id FROM d WHERE receiver_key = ANY(<eager keys>)) FROM e
+
+    The rows travel as one array per column, not as ``VALUES`` tuples: the SQL text is
+    the same for any number of rows (nothing to build per call, one shape for the server
+    and for ``pg_stat_statements``), and no fan-out can reach the 65,535-parameter limit.
+    ``ON CONFLICT DO NOTHING`` finds a taken dedupe key without a savepoint: the
+    statement then writes nothing and returns no row. (A null key never conflicts.)
+    """
+
+    _built: PgInsert | None = None
+
+    @classmethod
+    def get(cls, connection: BaseDatabaseWrapper) -> PgInsert:
+        if cls._built is None:
+            cls._built = cls(connection)
+        return cls._built
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        quote = connection.ops.quote_name
+        self.event_fields = [f for f in EventRecord._meta.concrete_fields if not f.primary_key]
+        values = ", ".join(["%s"] * len(self.event_fields))
+        insert_event = (
+            f"INSERT INTO {quote(EventRecord._meta.db_table)} "
+            f"({', '.join(quote(f.column) for f in self.event_fields)}) VALUES ({values}) "
+            f"ON CONFLICT ({quote('name')}, {quote('dedupe_key')}) DO NOTHING RETURNING id"
+        )
+        # Each delivery column: the event's id, a value of the row, or the column default.
+        given = {
+            "receiver_key": "v.receiver_key",
+            "target": "v.target",
+            "max_attempts": "v.max_attempts",
+            "available_at": "v.due_at",
+            "due_at": "v.due_at",
+            "expires_at": "v.expires_at",
+            "priority_credit": "v.priority_credit",
+            "claim_rank": "v.claim_rank",
+        }
+        columns, select, self.defaults = [], [], []
+        for f in DeliveryRecord._meta.concrete_fields:
+            if f.primary_key or f.generated:  # error_type: the database computes it
+                continue
+            columns.append(quote(f.column))
+            if f.name == "event":
+                select.append("{event_id}")
+            elif f.name in given:
+                select.append(given[f.name])
+            else:
+                select.append(f"CAST(%s AS {_cast_type(f, connection)})")
+                self.defaults.append(f.get_db_prep_save(f.get_default(), connection))
+        arrays = ", ".join(
+            f"%s::{_cast_type(DeliveryRecord._meta.get_field(name), connection)}[]"
+            for name in Row._fields
+        )
+        insert_rows = (
+            f"INSERT INTO {quote(DeliveryRecord._meta.db_table)} ({', '.join(columns)}) "
+            f"SELECT {', '.join(select)} FROM {{source}}unnest({arrays}) "
+            f"AS v ({', '.join(Row._fields)}) RETURNING id, receiver_key"
+        )
+        eager = "ARRAY(SELECT d.id FROM d WHERE d.receiver_key = ANY(%s::varchar[]) ORDER BY d.id)"
+        self.event_sql = (
+            f"WITH e AS ({insert_event}), "
+            f"d AS ({insert_rows.format(event_id='e.id', source='e, ')}) "
+            f"SELECT e.id, {eager} FROM e"
+        )
+        self.deliveries_sql = (
+            f"WITH d AS ({insert_rows.format(event_id='%s', source='')}) SELECT {eager}"
+        )
+
+    def event(
+        self,
+        connection: BaseDatabaseWrapper,
+        record: EventRecord,
+        rows: Sequence[Row],
+        eager_keys: Sequence[str],
+    ) -> tuple[int, list[int]] | None:
+        """``(event id, eager row ids)``, or None when the dedupe key is taken."""
+        params = [
+            f.get_db_prep_save(getattr(record, f.attname), connection) for f in self.event_fields
+        ]
+        params += self.defaults
+        params += _columns(rows)
+        params.append(list(eager_keys))
+        with connection.cursor() as cursor:
+            cursor.execute(self.event_sql, params)
+            found = cursor.fetchone()
+        return None if found is None else (found[0], found[1])
+
+    def events(
+        self,
+        connection: BaseDatabaseWrapper,
+        batch: Sequence[tuple[EventRecord, Sequence[Row], Sequence[str]]],
+    ) -> list[tuple[int, list[int]] | None]:
+        """``event()`` for several events, pipelined: one ``executemany``, one round trip
+        for the batch, each statement's answer read back in order."""
+        params = []
+        for record, rows, eager_keys in batch:
+            values = [
+                f.get_db_prep_save(getattr(record, f.attname), connection)
+                for f in self.event_fields
+            ]
+            params.append([*values, *self.defaults, *_columns(rows), list(eager_keys)])
+        found: list[tuple[int, list[int]] | None] = []
+        connection.ensure_connection()
+        # psycopg's own cursor, binding on the server: executemany(returning=True)
+        # pipelines the batch, and the statement is prepared once per connection.
+        with psycopg_cursor(connection.connection) as raw:
+            raw.executemany(self.event_sql, params, returning=True)
+            while True:
+                row = raw.fetchone()
+                found.append(None if row is None else (row[0], row[1]))
+                if not raw.nextset():
+                    break
+        return found
+
+    def deliveries(
+        self,
+        connection: BaseDatabaseWrapper,
+        event_id: int,
+        rows: Sequence[Row],
+        eager_keys: Sequence[str],
+    ) -> list[int]:
+        params = [event_id, *self.defaults, *_columns(rows), list(eager_keys)]
+        with connection.cursor() as cursor:
+            cursor.execute(self.deliveries_sql, params)
+            return list(cursor.fetchone()[0])
+
+
+def psycopg_cursor(raw_connection: Any) -> Any:
+    """A server-binding cursor on Django's psycopg 3 connection (Django's own binds on
+    the client, quoting every parameter into the text)."""
+    import psycopg
+
+    return psycopg.Cursor(raw_connection)
+
+
+def _columns(rows: Sequence[Row]) -> list[list[Any]]:
+    """``rows`` turned into one list per column, in ``Row`` order: the unnest arrays."""
+    if not rows:
+        return [[] for _ in Row._fields]
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+def _cast_type(field: Any, connection: BaseDatabaseWrapper) -> str:
+    """The column's type without its length (``varchar``, not ``varchar(255)``)."""
+    return str(field.db_type(connection)).split("(")[0]
