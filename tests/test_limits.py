@@ -94,7 +94,7 @@ def test_events_status_and_health_show_each_limit_its_use_and_what_waits() -> No
 
     receiver(Pinged, key="t.sms", rate_limit="2/s", concurrency_limit=3)(lambda evt: None)
     fire_each(*(Pinged(n=n) for n in range(4)))
-    keys(timezone.now(), lease=60)  # one row claimed: the bucket held one token
+    keys(timezone.now() + timedelta(seconds=1))  # one row claimed: the bucket held one token
     (limit,) = outbox_health().limits
     assert (limit.key, limit.rate_limit, limit.concurrency_limit) == ("t.sms", "2/s", 3)
     assert (limit.running, limit.waiting) == (1, 3)
