@@ -34,6 +34,7 @@ from ..codec import PayloadDecodeError, PayloadUpgradeFailed
 from ..declare import RegisteredReceiver, registry
 from ..models import TERMINAL_VALUES, DeliveryRecord, DeliveryStatus
 from ..scope import caused_by
+from . import limits
 from .claim import (
     Claim,
     compare_and_set,
@@ -50,6 +51,7 @@ from .outcomes import (
     DeliveryContext,
     DeliveryFailure,
     Outcome,
+    RetryAfter,
     decide,
     describe_error,
     expired_reason,
@@ -443,6 +445,9 @@ def record_failure(
     if not written:
         _warn_lease_lost(claim, ran=True)
         return None, None
+    if isinstance(error, RetryAfter) and limits.declared([receiver.key]):
+        until = now + timedelta(seconds=error.seconds)
+        limits.pause(database_alias(), receiver.key, until, now)  # for every relay
     tell_failure(claim, receiver, outcome, error, timing)
     return outcome.status, outcome
 
