@@ -80,3 +80,11 @@ async def slow_async(evt: Slow, ctx: DeliveryContext) -> None:
     """Awaits 50 ms, as an ``async def`` receiver calling an HTTP API would."""
     await asyncio.sleep(0.05)
     _log_run(ctx.delivery_id)
+
+
+@event
+@dataclass(frozen=True)
+class Trickle:
+    """The low-priority trickle of section 15 (its receiver is declared there)."""
+
+    n: int

@@ -44,6 +44,7 @@ TARGET_PUBLISH_RATIO = 0.5  # ... over the raw client loop, every broker
 BROKER_BATCH = 500  # section 14: rows per claimed batch, and messages per raw batch
 
 FULL_SIZES = {
+    "priority_seconds": 30,  # section 15: how long the saturating stream runs
     # 11,000 events in all: at ~3-6 ms a commit on this machine, 20,000 would not fit the
     # three-minute budget next to the two 20,000-row drains.
     "fire_a": 5_000,
@@ -73,6 +74,7 @@ FULL_SIZES = {
 }
 # --quick divides every size by ten, but never below these.
 QUICK_FLOOR = {
+    "priority_seconds": 10,
     "relay_unpaced": 4,
     "relay_rounds": 2,
     "reps": 10,
@@ -754,6 +756,39 @@ def section_brokers(sizes: dict[str, int], summary: Summary, note: str) -> None:
         )
 
 
+def section_priority(measure: Any, sizes: dict[str, int], summary: Summary, note: str) -> None:
+    """A saturating stream of priority-10 rows and a trickle of priority-0 rows, one relay."""
+    from bench import measure_priority as prio
+
+    seconds = sizes["priority_seconds"]
+    print(
+        f"== 15. priorities: {prio.BACKLOG} priority-10 rows kept owed and a priority-0 row "
+        f"every {prio.TRICKLE_SECONDS} s, one relay claiming {prio.BATCH} at a time, for "
+        f"{seconds} s, PRIORITY_AGING_SECONDS = {prio.AGING_SECONDS}{note}"
+    )
+    measure.reset_tables()
+    waits = prio.starvation(seconds)
+    print(f"priority 10: {len(waits.urgent):,} rows, wait {prio.summary(waits.urgent)}")
+    print(f"priority 0: {len(waits.trickle):,} rows, wait {prio.summary(waits.trickle)}")
+    bound = prio.AGING_SECONDS + max(waits.urgent, default=0.0)
+    worst = max(waits.trickle, default=float("inf"))
+    verdict = verdict_of(waits.unrun_age <= bound and worst <= bound)
+    print(
+        f"priority 0 max wait {worst:.2f} s, bound (aging + the backlog's own wait) "
+        f"{bound:.2f} s; the oldest still owed at the end had waited {waits.unrun_age:.2f} s: "
+        f"{verdict}"
+    )
+    summary.append(
+        (
+            "priority 0 max wait under priority 10 load",
+            f"{worst:.2f} s",
+            f"<= {bound:.1f} s",
+            verdict,
+        )
+    )
+    measure.reset_tables()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the sizes")
@@ -773,10 +808,11 @@ def main(argv: list[str] | None = None) -> int:
             "fire_overhead",
             "dashboard",
             "brokers",
+            "priority",
         ],
         help="run one part: fire (1.), delivery (2. and 3.), breakdown (4.), relay (5.), "
         "claim (6.), scheduled (7.), memory (8.), concurrency (9.), group (10.), "
-        "fire_overhead (11.), dashboard (13.) or brokers (14.)",
+        "fire_overhead (11.), dashboard (13.), brokers (14.) or priority (15.)",
     )
     args = parser.parse_args(argv)
     scale = 10 if args.quick else 1
@@ -822,6 +858,8 @@ def main(argv: list[str] | None = None) -> int:
         section_dashboard(measure_outbox, sizes, summary, note)
     if args.only in (None, "brokers"):
         section_brokers(sizes, summary, note)
+    if args.only in (None, "priority"):
+        section_priority(measure, sizes, summary, note)
     if args.profile and args.only != "fire_overhead":
         print(f"== 12. cProfile of deliver_pending() over {sizes['profile']:,} rows")
         print(measure.profile_ours(sizes["profile"]))

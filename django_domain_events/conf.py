@@ -45,6 +45,9 @@ class Settings:
     DEAD_LETTER_TTL_SECONDS: float | None = None
     SHUTDOWN_TIMEOUT_SECONDS: float | None = None
     ORPHAN_AFTER_SECONDS: float = 3600.0
+    # A row waiting longer than this goes before every row that comes due after it,
+    # whatever its priority (priority.py).
+    PRIORITY_AGING_SECONDS: float = 60.0
     # contrib.brokers: named brokers (checked by contrib/brokers/config.py) and the
     # CloudEvents ``source`` of what this service publishes (None: the project's name).
     BROKERS: Any = None
@@ -62,6 +65,7 @@ _POSITIVE_NUMBERS = (
     "MAX_RECEIVER_RETRY_DELAY_SECONDS",
     "RETENTION_DAYS",
     "RELAY_PRUNE_SECONDS",
+    "PRIORITY_AGING_SECONDS",
 )
 _POSITIVE_INTS = ("BATCH_SIZE", "CONCURRENCY", "PRUNE_BATCH_ROWS")
 _NON_NEGATIVE_NUMBERS = ("NOTIFY_COALESCE_SECONDS", "ORPHAN_AFTER_SECONDS")

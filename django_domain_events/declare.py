@@ -74,6 +74,9 @@ class RegisteredReceiver:
     is_async: bool = field(default=False, compare=False)
     event_name: str = ""  # the event class's name at declaration; "" for AnyEvent
     ack: str = "each"  # "batch": acknowledged with the rows around it, in one commit
+    priority: int = 0  # within a lane, higher first among due rows, with aging (priority.py)
+    rate_limit: str | None = None  # "50/s": held across every relay (delivery/limits.py)
+    concurrency_limit: int | None = None  # at most this many running, across every relay
 
     @property
     def durable(self) -> bool:
@@ -378,6 +381,9 @@ def receiver(
     due: timedelta | Callable[[Any], Any] | None = None,
     ttl: timedelta | None = None,
     ack: str = "each",
+    priority: int = 0,
+    rate_limit: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> Callable[[F], F]:
     """Declare ``func`` as a reaction to ``event_cls`` (or to every event, ``AnyEvent``).
 
@@ -386,6 +392,12 @@ def receiver(
     the group is rolled back and run again with a savepoint per row, so only the failing
     row is undone), and acknowledges them together in one commit; a crash repeats the
     whole group.
+
+    ``priority``: within a lane, due rows of a higher priority are claimed first; a row
+    waiting longer than ``PRIORITY_AGING_SECONDS`` goes before every row that came due
+    after it, whatever their priority. ``rate_limit`` (``"50/s"``, ``"600/m"``,
+    ``"1000/h"``) and ``concurrency_limit`` hold across every relay and slot: a row the
+    limit does not allow now is left owed, unclaimed and uncharged.
     """
     _check_event_class(event_cls)
     options = ReceiverOptions(
@@ -405,6 +417,9 @@ def receiver(
         due=due,
         ttl=ttl,
         ack=ack,
+        priority=priority,
+        rate_limit=rate_limit,
+        concurrency_limit=concurrency_limit,
     )
 
     def declare(func: F) -> F:
@@ -456,6 +471,9 @@ def _registered_receiver(
         is_async=inspect.iscoroutinefunction(func),
         event_name=_event_name(event_cls),
         ack=o.ack,
+        priority=o.priority,
+        rate_limit=o.rate_limit,
+        concurrency_limit=o.concurrency_limit,
     )
 
 

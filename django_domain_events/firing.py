@@ -25,7 +25,7 @@ from functools import partial
 
 from django.db import IntegrityError, connections, transaction
 
-from . import clock, conf, signals, tally, tracing
+from . import clock, conf, priority, signals, tally, tracing
 from .codec import encode_event, text_problem
 from .declare import (
     DURABLE,
@@ -418,6 +418,8 @@ def delivery_record(event_id: int, row: Row) -> DeliveryRecord:
         available_at=row.due_at,
         due_at=row.due_at,
         expires_at=row.expires_at,
+        priority_credit=row.priority_credit,
+        claim_rank=row.claim_rank,
     )
 
 
@@ -502,8 +504,19 @@ def _delivery_rows(
         expires_at = receiver_lifetime_end(receiver, due_at)
         if message_expiry is not None:
             expires_at = message_expiry if expires_at is None else min(expires_at, message_expiry)
+        credit = priority.credit(receiver.priority)
         for target in resolve_targets(record, evt, receiver):
-            rows.append(Row(receiver.key, target, receiver.max_attempts, due_at, expires_at))
+            rows.append(
+                Row(
+                    receiver.key,
+                    target,
+                    receiver.max_attempts,
+                    due_at,
+                    expires_at,
+                    credit,
+                    priority.rank(due_at) - credit,
+                )
+            )
     return rows
 
 

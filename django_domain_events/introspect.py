@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -12,12 +12,14 @@ from django.db.models import Case, Count, Min, OuterRef, Subquery, When
 
 from . import clock, conf
 from .declare import AnyEvent, RegisteredEvent, RegisteredReceiver, registry
+from .delivery import limits
 from .models import (
     OWED_VALUES,
     STATUS_SQL,
     DeliveryRecord,
     DeliveryStatus,
     LanePauseRecord,
+    LimitRecord,
     ReceiverMark,
     ScheduleRecord,
     TickRecord,
@@ -250,6 +252,54 @@ class OutboxHealth:
     lanes: tuple[LaneBacklog, ...] = ()
     schedules: tuple[ScheduleStatus, ...] = ()
     undeclared: int = 0  # owed rows of receivers not declared by this relay (see above)
+    limits: tuple[LimitStatus, ...] = ()  # the declared rate and concurrency limits
+
+
+@dataclass(frozen=True)
+class LimitStatus:
+    """A receiver's ``rate_limit=`` / ``concurrency_limit=``, their use now, and the rows
+    waiting for them (owed, due and not claimed)."""
+
+    key: str
+    rate_limit: str | None
+    concurrency_limit: int | None
+    running: int  # rows under a live lease, across every relay
+    tokens: float | None  # the rate's bucket now; None without a rate
+    waiting: int
+    paused_until: datetime | None = None  # RetryAfter from the receiver: no relay claims
+
+
+def limit_status(alias: str, moment: datetime, waiting: dict[str, int]) -> tuple[LimitStatus, ...]:
+    """Every declared limit's status (one query each for the buckets and the running rows)."""
+    declared = limits.every_declared()
+    if not declared:
+        return ()
+    keys = [limit.key for limit in declared]
+    buckets = {row.key: row for row in LimitRecord.objects.using(alias).filter(key__in=keys)}
+    running = limits.running_counts(alias, keys, moment)
+    found = []
+    for limit in declared:
+        receiver = registry.receiver(limit.key)
+        bucket = buckets.get(limit.key)
+        tokens: float | None = None
+        if limit.rate is not None:
+            tokens = limit.burst
+            if bucket is not None:
+                elapsed = max(0.0, (moment - bucket.refilled_at).total_seconds())
+                tokens = min(limit.burst, bucket.tokens + elapsed * limit.rate)
+        paused = bucket.paused_until if bucket is not None else None
+        found.append(
+            LimitStatus(
+                key=limit.key,
+                rate_limit=receiver.rate_limit if receiver is not None else None,
+                concurrency_limit=limit.concurrency,
+                running=running.get(limit.key, 0),
+                tokens=tokens,
+                waiting=waiting.get(limit.key, 0),
+                paused_until=paused if paused is not None and paused > moment else None,
+            )
+        )
+    return tuple(found)
 
 
 @dataclass
@@ -321,7 +371,9 @@ def outbox_health(*, now: datetime | None = None) -> OutboxHealth:
         )
     # Two more queries, only when schedules are declared (schedule_status()).
     ticking = schedule_status(now=moment) if schedules.keys() else ()
-    return _assemble(tallies, pauses, lapsed, ticking)
+    health = _assemble(tallies, pauses, lapsed, ticking)
+    waiting = {key: t.owed - t.claimed for key, t in tallies.items()}
+    return replace(health, limits=limit_status(alias, moment, waiting))
 
 
 _OWED_BEFORE_SQL = """

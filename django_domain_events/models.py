@@ -10,6 +10,7 @@ history.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -17,6 +18,8 @@ from django.db import models, router
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import StrIndex, Substr
 from django.db.models.lookups import GreaterThan
+
+from .priority import rank
 
 
 class DeliveryStatus(models.TextChoices):
@@ -152,6 +155,16 @@ class EventRecord(models.Model):
         return f"{self.name} #{self.pk}"
 
 
+class DeliveryQuerySet(models.QuerySet["DeliveryRecord"]):
+    """Delivery rows; an ``update`` that moves ``available_at`` moves ``claim_rank`` with it."""
+
+    def update(self, **kwargs: Any) -> int:
+        moment = kwargs.get("available_at")
+        if isinstance(moment, datetime):
+            kwargs["claim_rank"] = Value(rank(moment)) - F("priority_credit")
+        return super().update(**kwargs)
+
+
 class DeliveryRecord(models.Model):
     """One receiver's (or one target's) delivery of one event, with its attempts."""
 
@@ -167,6 +180,11 @@ class DeliveryRecord(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(null=True, blank=True)
     available_at = models.DateTimeField()
+    # The claim's order: available_at in microseconds since the epoch, less the credit
+    # the receiver's priority earned at fire (priority.py). Follows every write of
+    # available_at (DeliveryQuerySet.update); 0, first in line, on a row written without.
+    claim_rank = models.BigIntegerField(default=0, db_default=0)
+    priority_credit = models.BigIntegerField(default=0, db_default=0)
     due_at = models.DateTimeField()
     expires_at = models.DateTimeField(null=True, blank=True)
     claimed_by = models.CharField(max_length=255, blank=True, default="")
@@ -198,6 +216,8 @@ class DeliveryRecord(models.Model):
         db_persist=True,
     )
 
+    objects = DeliveryQuerySet.as_manager()
+
     class Meta:
         verbose_name = "delivery"
         verbose_name_plural = "deliveries"
@@ -207,12 +227,20 @@ class DeliveryRecord(models.Model):
             ),
         ]
         indexes = [
-            # The claim: owed rows in claim order. Partial, so settled history costs nothing.
+            # The claim: owed rows in claim order (priority.py). Partial, so settled
+            # history costs nothing.
             PartialIndex(
-                fields=["available_at", "id"],
-                name="dde_delivery_claim",
+                fields=["claim_rank", "id"],
+                name="dde_delivery_claim_rank",
                 where=Q(status__in=OWED_VALUES),
-                fallback=["status", "available_at", "id"],
+                fallback=["status", "claim_rank", "id"],
+            ),
+            # One receiver's owed rows in claim order: the claim of a limited receiver.
+            PartialIndex(
+                fields=["receiver_key", "claim_rank", "id"],
+                name="dde_delivery_key_rank",
+                where=Q(status__in=OWED_VALUES),
+                fallback=["status", "receiver_key", "claim_rank", "id"],
             ),
             # Health: the work due now, read without touching the table (PostgreSQL).
             PartialIndex(
@@ -337,6 +365,28 @@ class LanePauseRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.lane} paused by {self.worker_id} until {self.until.isoformat()}"
+
+
+class LimitRecord(models.Model):
+    """A limited receiver's shared state: its rate's token bucket and its pause.
+
+    Every relay's claim locks it, refills and spends its tokens (``delivery/limits.py``).
+    How many of its rows run now is not stored: it is counted from the rows under a live
+    lease, so a relay killed while running some frees them when their lease lapses.
+    """
+
+    key = models.CharField(max_length=255, primary_key=True)  # the receiver's key
+    tokens = models.FloatField(default=0.0)
+    refilled_at = models.DateTimeField()
+    # Set when the receiver raised RetryAfter: no relay claims its rows before then.
+    paused_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "django_domain_events_limit"
+        verbose_name = "limit"
+
+    def __str__(self) -> str:
+        return self.key
 
 
 class TickStatus(models.TextChoices):

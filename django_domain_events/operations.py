@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import QuerySet
 
-from . import clock, conf, tally
+from . import clock, conf, priority, tally
 from .declare import RegisteredReceiver, registry
 from .delivery.outcomes import receiver_lifetime_end
 from .delivery.ticks import record_skipped, sync_schedules
@@ -70,6 +70,12 @@ def _reopened(row_receiver: RegisteredReceiver | None, due_at: datetime) -> dict
         "last_error": "",
         "completed_at": None,
     }
+
+
+def _ranked(row_receiver: RegisteredReceiver, due_at: datetime) -> dict[str, Any]:
+    """A new row's place in the claim, from its receiver's priority (``priority.py``)."""
+    credit = priority.credit(row_receiver.priority)
+    return {"priority_credit": credit, "claim_rank": priority.rank(due_at) - credit}
 
 
 # cancel ------------------------------------------------------------------------
@@ -239,6 +245,7 @@ def _replay_event(alias: str, record: EventRecord, keys: set[str] | None) -> tup
                         target=target,
                         max_attempts=declared.max_attempts,
                         **_reopened(declared, due_at),
+                        **_ranked(declared, due_at),
                     )
                 )
             elif row.status in REOPENABLE and (

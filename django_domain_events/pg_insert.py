@@ -24,6 +24,8 @@ class Row(NamedTuple):
     max_attempts: int | None
     due_at: datetime  # also its available_at
     expires_at: datetime | None
+    priority_credit: int = 0  # priority.credit of the receiver's priority
+    claim_rank: int = 0  # priority.rank(due_at) - priority_credit
 
 
 class PgInsert:
@@ -69,6 +71,8 @@ class PgInsert:
             "available_at": "v.due_at",
             "due_at": "v.due_at",
             "expires_at": "v.expires_at",
+            "priority_credit": "v.priority_credit",
+            "claim_rank": "v.claim_rank",
         }
         columns, select, self.defaults = [], [], []
         for f in DeliveryRecord._meta.concrete_fields:

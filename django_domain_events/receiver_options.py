@@ -83,6 +83,9 @@ class ReceiverOptions:
     due: timedelta | Callable[[Any], Any] | None = field(default=None, metadata=_ROW)
     ttl: timedelta | None = field(default=None, metadata=_ROW)
     ack: str = field(default="each", metadata=_ROW)
+    priority: int = field(default=0, metadata=_ROW)
+    rate_limit: str | None = field(default=None, metadata=_ROW)
+    concurrency_limit: int | None = field(default=None, metadata=_ROW)
 
     def __post_init__(self) -> None:
         self._check_mode()
@@ -124,6 +127,8 @@ class ReceiverOptions:
             self._check_lifetimes,
             self._check_ack,
             self._check_due,
+            self._check_priority,
+            self._check_limits,
         )
 
     def _check_mode(self) -> None:
@@ -242,3 +247,40 @@ class ReceiverOptions:
                 f"aware datetime, not {due!r}."
             )
         _sync_callable(due, "due")
+
+    def _check_priority(self) -> None:
+        value = self.priority
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(
+                f"@receiver(priority=) must be an int (higher runs first, default 0), "
+                f"not {value!r}."
+            )
+
+    def _check_limits(self) -> None:
+        if self.rate_limit is not None:
+            per_second(self.rate_limit)
+        value = self.concurrency_limit
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(
+                f"@receiver(concurrency_limit=) must be an int >= 1 (at most that many rows "
+                f"running at once, across every relay) or None, not {value!r}."
+            )
+
+
+_PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def per_second(rate: object) -> float:
+    """A ``rate_limit`` (``"50/s"``, ``"600/m"``, ``"1000/h"``) in deliveries per second.
+
+    Raises ``ValueError`` naming the value and the form it should take.
+    """
+    count, _, period = rate.partition("/") if isinstance(rate, str) else ("", "", "")
+    if count.strip().isdigit() and int(count) > 0 and period.strip() in _PERIODS:
+        return int(count) / _PERIODS[period.strip()]
+    raise ValueError(
+        f"@receiver(rate_limit=) must be a count per second, minute or hour such as '50/s', "
+        f"'600/m' or '1000/h', not {rate!r}."
+    )

@@ -4,6 +4,9 @@ never the machine's shared brokers, which other engineers and suites use.
 NATS ``nats-server -js -p 4223``, Redis ``redis-server --port 6380`` with an fsynced
 append-only file, and a second RabbitMQ node ``rabbit-pub@localhost`` on 5673 (no
 plugins, so it binds no other shared port). ``stop`` and ``restart`` touch only these.
+Two engineers' suites on one machine take other ports, node name and directory from
+the environment: ``DDE_TEST_NATS_PORT``, ``DDE_TEST_REDIS_PORT``, ``DDE_TEST_RABBIT_PORT``,
+``DDE_TEST_RABBIT_NODE``, ``DDE_TEST_RABBIT_DIST_PORT`` and ``DDE_BROKER_SERVERS_DIR``.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class Server:
 
 
 class NatsServer(Server):
-    transport, port = "nats", 4223
+    transport, port = "nats", int(os.environ.get("DDE_TEST_NATS_PORT", "4223"))
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -89,7 +92,7 @@ class NatsServer(Server):
 
 
 class RedisServer(Server):
-    transport, port = "redis", 6380
+    transport, port = "redis", int(os.environ.get("DDE_TEST_REDIS_PORT", "6380"))
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -119,8 +122,9 @@ class RedisServer(Server):
 
 
 class RabbitServer(Server):
-    transport, port = "rabbitmq", 5673
-    node = "rabbit-pub@localhost"
+    transport, port = "rabbitmq", int(os.environ.get("DDE_TEST_RABBIT_PORT", "5673"))
+    node = os.environ.get("DDE_TEST_RABBIT_NODE", "rabbit-pub@localhost")
+    dist_port = os.environ.get("DDE_TEST_RABBIT_DIST_PORT", "25673")
 
     @property
     def url(self) -> str:
@@ -145,7 +149,7 @@ class RabbitServer(Server):
             **os.environ,
             "RABBITMQ_NODENAME": self.node,
             "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": "25673",
+            "RABBITMQ_DIST_PORT": self.dist_port,
             "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
             "RABBITMQ_LOG_BASE": str(base / "log"),
             "RABBITMQ_PID_FILE": str(base / "pid"),

@@ -319,3 +319,50 @@ def test_one_relay_sends_the_events_of_a_key_in_event_order(broker):
     for key in ("customer-0", "customer-1", "customer-2"):
         orders = [env.payload()["order_id"] for env in found if env.get("partitionkey") == key]
         assert orders == sorted(orders) and len(orders) == 100
+
+
+def test_a_batch_costs_the_same_queries_whatever_its_size(broker):
+    """The publish path is O(1) in queries per batch: no query per row."""
+    from django.test.utils import CaptureQueriesContext
+
+    transport, url, to = broker
+    publish(Pinged, to=to, key=lambda evt: f"k{evt.n % 3}")
+    counts = []
+    for size in (2, 40):
+        with transaction.atomic():
+            for n in range(size):
+                fire(Pinged(n=n))
+        with CaptureQueriesContext(connection) as queries:
+            done = deliver_pending(batch_size=size, lane="default")
+        assert done[DeliveryStatus.SUCCEEDED] == size
+        counts.append(len(queries))
+    assert counts[0] == counts[1], counts
+    assert len(brokers.read(transport, url, to)) == 42
+
+
+def _statements_before_the_first_acknowledgement(size: int, events: int) -> int:
+    from django.test.utils import CaptureQueriesContext
+
+    with transaction.atomic():
+        for n in range(events):
+            fire(Pinged(n=n))
+    with CaptureQueriesContext(connection) as queries:
+        done = deliver_pending(batch_size=size, lane="default")
+    assert done[DeliveryStatus.SUCCEEDED] == events
+    sql = [query["sql"] for query in queries.captured_queries]
+    first_ack = next(i for i, s in enumerate(sql) if "succeeded_at = " in s)
+    return sum("claim_position" in s for s in sql[:first_ack])
+
+
+def test_the_next_batch_is_claimed_while_the_confirms_are_outstanding(broker):
+    """Pipelining: a full batch's publish overlaps the lane's next claim, which is
+    therefore made before the batch is acknowledged; every row still gets published."""
+    transport, url, to = broker
+    publish(Pinged, to=to)
+
+    alone = _statements_before_the_first_acknowledgement(size=10, events=5)
+    pipelined = _statements_before_the_first_acknowledgement(size=5, events=10)
+
+    assert pipelined > alone
+    assert len(brokers.read(transport, url, to)) == 15
+    assert not DeliveryRecord.objects.exclude(status="succeeded").exists()

@@ -24,6 +24,7 @@ from django_domain_events import (
     current_scope,
     drain_outbox,
     fire,
+    priority,
     propagate_scope,
     receiver,
     suppressed,
@@ -465,6 +466,7 @@ def test_the_rows_are_those_the_orm_writes() -> None:
                 target="",
                 max_attempts=attempts,
                 available_at=due,
+                claim_rank=priority.rank(due),  # priority 0: no credit
                 due_at=due,
                 expires_at=expires,
             )

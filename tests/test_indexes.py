@@ -22,17 +22,19 @@ def index_columns() -> dict[str, list[str]]:
 def test_the_claim_index_never_covers_settled_history() -> None:
     columns = index_columns()
     if connection.features.supports_partial_indexes:
-        assert columns["dde_delivery_claim"] == ["available_at", "id"]
+        assert columns["dde_delivery_claim_rank"] == ["claim_rank", "id"]
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
                 cursor.execute(
-                    "SELECT indexdef FROM pg_indexes WHERE indexname = 'dde_delivery_claim'"
+                    "SELECT indexdef FROM pg_indexes WHERE indexname = 'dde_delivery_claim_rank'"
                 )
             else:
-                cursor.execute("SELECT sql FROM sqlite_master WHERE name = 'dde_delivery_claim'")
+                cursor.execute(
+                    "SELECT sql FROM sqlite_master WHERE name = 'dde_delivery_claim_rank'"
+                )
             assert "WHERE" in cursor.fetchone()[0]
     else:  # MariaDB/MySQL: no partial indexes, so a range on status skips history
-        assert columns["dde_delivery_claim"] == ["status", "available_at", "id"]
+        assert columns["dde_delivery_claim_rank"] == ["status", "claim_rank", "id"]
 
 
 def test_no_system_check_warns_about_the_indexes() -> None:

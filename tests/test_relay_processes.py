@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -187,6 +188,13 @@ def test_two_relays_taking_over_a_killed_batch_in_parts_charge_one_attempt() -> 
 # A database outage, on a throwaway cluster so the shared server is never touched --------
 
 
+def _free_port() -> int:
+    """A port nothing listens on now, chosen by the kernel."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 class Cluster:
     """A private PostgreSQL cluster on a spare port, so the shared server is never touched."""
 
@@ -195,7 +203,7 @@ class Cluster:
         self.bin = bin_dir if (bin_dir / "initdb").exists() else Path("/usr/lib/postgresql/15/bin")
         self.base = Path(tempfile.mkdtemp(prefix="dde-pg-"))
         self.data = self.base / "data"
-        self.port = 55000 + os.getpid() % 1000
+        self.port = _free_port()  # not pid-derived: suites run side by side here
         self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         if os.geteuid() == 0:
             shutil.chown(self.base, "postgres")

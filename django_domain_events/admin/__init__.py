@@ -7,7 +7,8 @@ application would run. Filters are built from the registry (event names, receive
 keys, lanes) at request time, so they follow declarations as they change.
 
 One module per concept: ``filters``, ``events``, ``deliveries``, ``schedules`` (with
-ticks), ``dashboard`` (its page), ``charts`` and ``inbox`` (dead inbox entries);
+ticks), ``limits`` (the receivers' rate and concurrency limits), ``dashboard`` (its
+page), ``charts`` and ``inbox`` (dead inbox entries);
 ``display`` shows values the same way on every page, ``readonly`` and ``actions`` hold
 what the pages share.
 
@@ -24,6 +25,7 @@ from ..models import (
     DeadMessage,
     DeliveryRecord,
     EventRecord,
+    LimitRecord,
     OutboxDashboard,
     ScheduleRecord,
     TickRecord,
@@ -33,6 +35,7 @@ from .deliveries import DeliveryRecordAdmin
 from .display import when
 from .events import DeliveryInline, EventRecordAdmin
 from .inbox import DeadMessageAdmin
+from .limits import LimitRecordAdmin
 from .schedules import ScheduleRecordAdmin, TickRecordAdmin
 
 if apps.is_installed("django.contrib.admin"):
@@ -41,6 +44,7 @@ if apps.is_installed("django.contrib.admin"):
     admin.site.register(OutboxDashboard, OutboxDashboardAdmin)
     admin.site.register(ScheduleRecord, ScheduleRecordAdmin)
     admin.site.register(TickRecord, TickRecordAdmin)
+    admin.site.register(LimitRecord, LimitRecordAdmin)
     admin.site.register(DeadMessage, DeadMessageAdmin)
 
 __all__ = [
@@ -48,6 +52,7 @@ __all__ = [
     "DeliveryInline",
     "DeliveryRecordAdmin",
     "EventRecordAdmin",
+    "LimitRecordAdmin",
     "OutboxDashboardAdmin",
     "ScheduleRecordAdmin",
     "TickRecordAdmin",

@@ -15,7 +15,10 @@ Two kinds:
   however many relays run: scrape one target. A read costs what ``outbox_health()``
   costs: four queries, whatever the size of the history or the schedule (two more when
   ``@recurring`` schedules are declared, each of which gets ``schedule_late``,
-  ``schedule_failing``, ``schedule_paused`` and ``schedule_last_fired_timestamp_seconds``).
+  ``schedule_failing``, ``schedule_paused`` and ``schedule_last_fired_timestamp_seconds``;
+  two more when receivers declare ``rate_limit=`` or ``concurrency_limit=``, each of which
+  gets ``limit_running``, ``limit_waiting``, ``limit_paused``, and ``limit_concurrency`` or
+  ``limit_tokens`` as it declares).
   A collector reads at most once every ``SCRAPE_CACHE_SECONDS`` and one scrape at a
   time; the scrapes in between are answered from that read, so a scrape storm costs the
   database no more than one scraper does.
@@ -113,6 +116,14 @@ class OutboxCollector:
         families["lapsed_leases"].add_metric([], health.lapsed_leases)
         for lane in health.lanes:
             families["lane_paused_relays"].add_metric([lane.lane], len(lane.pauses))
+        for limit in health.limits:
+            families["limit_running"].add_metric([limit.key], limit.running)
+            families["limit_waiting"].add_metric([limit.key], limit.waiting)
+            families["limit_paused"].add_metric([limit.key], int(limit.paused_until is not None))
+            if limit.concurrency_limit is not None:
+                families["limit_concurrency"].add_metric([limit.key], limit.concurrency_limit)
+            if limit.tokens is not None:
+                families["limit_tokens"].add_metric([limit.key], limit.tokens)
         for schedule in health.schedules:
             if not schedule.declared:
                 continue
@@ -161,12 +172,24 @@ def _families() -> dict[str, GaugeMetricFamily]:
         "Relays holding the lane back after RetryAfter(counts=False).",
         labels=["lane"],
     )
+    for name, text in _PER_LIMIT.items():
+        families[f"limit_{name}"] = GaugeMetricFamily(
+            f"{PREFIX}_limit_{name}", text, labels=["receiver"]
+        )
     for name, text in _PER_SCHEDULE.items():
         families[f"schedule_{name}"] = GaugeMetricFamily(
             f"{PREFIX}_schedule_{name}", text, labels=["schedule"]
         )
     return families
 
+
+_PER_LIMIT = {
+    "running": "Rows of the limited receiver under a live lease, across every relay.",
+    "waiting": "Rows of the limited receiver owed and not claimed: waiting for its limit.",
+    "paused": "1 while the receiver's RetryAfter holds its rows back from every relay.",
+    "concurrency": "The receiver's concurrency_limit.",
+    "tokens": "The receiver's rate_limit bucket now: rows it may start at once.",
+}
 
 _PER_SCHEDULE = {
     "late": "1 when the @recurring schedule's next tick is overdue: no relay is firing it.",

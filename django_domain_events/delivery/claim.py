@@ -27,7 +27,7 @@ from django.db import connections, transaction
 from django.db.models import Case, F, PositiveIntegerField, Q, TextField, Value, When
 from django.db.models.functions import Cast, Length
 
-from .. import clock, conf
+from .. import clock, conf, priority
 from ..declare import registry
 from ..models import (
     OWED_VALUES,
@@ -37,6 +37,7 @@ from ..models import (
     EventRecord,
     database_alias,
 )
+from . import limits
 from .lapse import KEPT_SQL, ROW_COLUMNS, keep_count, running_ids, running_sql
 
 
@@ -141,7 +142,6 @@ def claim_batch(
     if only is not None and not only and orphans is None:
         return []
     alias = database_alias()
-    connection = connections[alias]
     args = _ClaimArgs(
         worker_id,
         now,
@@ -156,10 +156,66 @@ def claim_batch(
         at_once,
         alone_ok,
     )
-    if connection.vendor == "postgresql":
+    limited = limits.declared(only if only is not None else declared_keys())
+    if limited:
+        return _claim_within_limits(alias, args, limited)
+    return _claim(alias, args)
+
+
+def _claim(alias: str, args: _ClaimArgs) -> list[Claim]:
+    if connections[alias].vendor == "postgresql":
         return _claim_postgresql(alias, args)
     with transaction.atomic(using=alias):
         return _claim_portable(alias, args)
+
+
+def _claim_within_limits(
+    alias: str, args: _ClaimArgs, limited: Sequence[limits.Limit]
+) -> list[Claim]:
+    """The limited receivers' rows first, each up to what its limit allows now, in one
+    transaction holding the limits' rows locked (``limits.py``); then the rest of the
+    lane, after the commit, so the lock never slows the unlimited receivers' claims.
+    A row that must run alone (``lapse.py``) ends the claim."""
+    claims: list[Claim] = []
+    taken: dict[str, int] = {}
+    asking = limits.worth_asking(limited, args.now)
+    with transaction.atomic(using=alias):
+        grants = limits.allowances(alias, asking, args.now) if asking else []
+        for grant in grants:
+            room = min(grant.rows, args.limit - len(claims))
+            if room < 1 or any(claim.alone for claim in claims):
+                continue
+            got = _claim(alias, _more(args, claims, only=(grant.limit.key,), limit=room))
+            taken[grant.limit.key] = len(got)
+            claims += got
+        limits.spend(alias, grants, taken)
+    rest = args.limit - len(claims)
+    if rest > 0 and not any(claim.alone for claim in claims):
+        skip = tuple(limit.key for limit in limited)
+        claims += _claim(alias, _more(args, claims, only=args.only, limit=rest, skip=skip))
+    return claims
+
+
+def _more(
+    args: _ClaimArgs,
+    claims: Sequence[Claim],
+    *,
+    only: tuple[str, ...] | None,
+    limit: int,
+    skip: tuple[str, ...] = (),
+) -> _ClaimArgs:
+    """The arguments of one more claim in a batch that holds ``claims`` already: its rows
+    numbered after them, and none that must run alone unless it is the first."""
+    orphans = args.orphans if only == args.only else None
+    return replace(
+        args,
+        only=only,
+        orphans=orphans,
+        limit=limit,
+        skip=skip,
+        first=len(claims) + 1,
+        alone_ok=args.alone_ok and not claims,
+    )
 
 
 @dataclass(frozen=True)
@@ -177,6 +233,8 @@ class _ClaimArgs:
     task_keys: tuple[str, ...] = ()
     at_once: bool = False
     alone_ok: bool = True
+    skip: tuple[str, ...] = ()  # keys left out: limited receivers, claimed on their own
+    first: int = 1  # the claim_position of the first row (after the limited ones)
 
 
 def _table(model: type[Any]) -> str:
@@ -192,15 +250,15 @@ def _pg_is_task(expr: str) -> str:
 # order after the one charged, whose own leases lapsed too, to hand back.
 _POSTGRESQL_CLAIM = """
 WITH picked AS (
-    SELECT id, available_at AS was_available, status AS was_status, claimed_by AS was_by,
+    SELECT id, claim_rank AS was_rank, status AS was_status, claimed_by AS was_by,
            claimed_at AS was_at, claim_position AS was_position, receiver_key
     FROM {delivery}
     WHERE status IN {owed} AND {due} {filters}
-    ORDER BY available_at, id
+    ORDER BY claim_rank, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), judged AS (
-    SELECT p.*, row_number() OVER (ORDER BY p.was_available, p.id) AS position,
+    SELECT p.*, row_number() OVER (ORDER BY p.was_rank, p.id) AS position,
            {running} AS charged, {is_task} AS is_task
     FROM picked AS p
 ), numbered AS (
@@ -219,6 +277,7 @@ WITH picked AS (
     UPDATE {delivery} AS d
     SET status = CASE WHEN d.attempts = 0 THEN {pending} ELSE {failed} END,
         available_at = %(now)s,
+        claim_rank = %(now_rank)s - d.priority_credit,
         lease_expires_at = NULL
     FROM unstarted AS u
     WHERE d.id = u.id
@@ -229,7 +288,10 @@ WITH picked AS (
         claimed_at = %(now)s,
         lease_expires_at = %(lease_end)s,
         available_at = %(lease_end)s,
-        claim_position = CASE WHEN %(at_once)s OR n.alone THEN 0 ELSE n.position END,
+        claim_rank = %(lease_end_rank)s - d.priority_credit,
+        claim_position = CASE
+            WHEN %(at_once)s OR n.alone THEN 0 ELSE n.position + %(first)s - 1
+        END,
         -- never past the budget: a row already spent is dead-lettered unrun, uncharged
         attempts = CASE
             WHEN n.charged AND (d.max_attempts IS NULL OR d.attempts < d.max_attempts)
@@ -238,7 +300,7 @@ WITH picked AS (
     FROM kept AS n
     WHERE d.id = n.id
     RETURNING d.id, d.event_id, d.receiver_key, d.target, d.attempts, d.max_attempts,
-              d.due_at, d.expires_at, d.last_error, n.was_available, n.alone
+              d.due_at, d.expires_at, d.last_error, n.was_rank, n.alone
 )
 SELECT c.id, c.event_id, c.receiver_key, c.target, c.attempts, c.max_attempts,
        c.due_at, c.expires_at, e.name, e.version,
@@ -250,7 +312,7 @@ FROM claimed AS c JOIN {event} AS e ON e.id = c.event_id
 CROSS JOIN LATERAL (
     SELECT CASE WHEN pg_column_size(e.payload) <= %(inline)s THEN e.payload::text END AS text
 ) AS p
-ORDER BY c.was_available, c.id
+ORDER BY c.was_rank, c.id
 """
 
 
@@ -265,8 +327,15 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         "inline": INLINE_PAYLOAD_BYTES,
         "at_once": args.at_once,
         "alone_ok": args.alone_ok,
+        "now_rank": priority.rank(args.now),
+        "lease_end_rank": priority.rank(args.lease_end),
+        "window": priority.window(args.now),
+        "first": args.first,
     }
-    if args.only is not None and args.orphans is None:
+    if args.only is not None and len(args.only) == 1 and args.orphans is None:
+        filters.append("AND receiver_key = %(one)s")  # one receiver: its own index
+        params["one"] = args.only[0]
+    elif args.only is not None and args.orphans is None:
         filters.append("AND receiver_key = ANY(%(only)s)")
         params["only"] = list(args.only)
     elif args.only is not None and args.orphans is not None:
@@ -276,6 +345,9 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         )
         params.update(only=list(args.only), orphans_due=args.orphans[0])
         params["declared"] = list(args.orphans[1])
+    if args.skip:
+        filters.append("AND NOT (receiver_key = ANY(%(skip)s))")
+        params["skip"] = list(args.skip)
     if args.exclude:
         filters.append("AND NOT (id = ANY(%(exclude)s))")
         params["exclude"] = list(args.exclude)
@@ -299,7 +371,7 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
             **STATUS_SQL
         )
         if args.ignore_backoff
-        else "available_at <= %(now)s",
+        else "available_at <= %(now)s AND claim_rank <= %(window)s",
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -370,6 +442,8 @@ def _owed_rows(alias: str, args: _ClaimArgs) -> Any:
     due = Q(available_at__lte=args.now)
     if args.ignore_backoff:
         due |= Q(status=DeliveryStatus.FAILED, due_at__lte=args.now)
+    else:  # the index's range: nothing past the next PRIORITY_AGING_SECONDS is read
+        due &= Q(claim_rank__lte=priority.window(args.now))
     rows = DeliveryRecord.objects.using(alias).filter(due, status__in=OWED_VALUES)
     if args.only is not None:
         mine = Q(receiver_key__in=args.only)
@@ -377,11 +451,13 @@ def _owed_rows(alias: str, args: _ClaimArgs) -> Any:
             due_by, declared = args.orphans
             mine |= Q(due_at__lte=due_by) & ~Q(receiver_key__in=declared)
         rows = rows.filter(mine)
+    if args.skip:
+        rows = rows.exclude(receiver_key__in=args.skip)
     if args.exclude:
         rows = rows.exclude(id__in=args.exclude)
     if args.ids is not None:
         rows = rows.filter(id__in=args.ids)
-    return rows.order_by("available_at", "id")
+    return rows.order_by("claim_rank", "id")
 
 
 def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
@@ -400,7 +476,9 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
     alone_ids = {row[0] for row, flag in zip(kept, alone, strict=False) if flag}
     _hand_back_unstarted(alias, [row for row in kept if row[0] in alone_ids], kept, args.now)
     ids = tuple(row[0] for row in kept)
-    positions = {pk: 0 if args.at_once or pk in alone_ids else n for n, pk in enumerate(ids, 1)}
+    positions = {
+        pk: 0 if args.at_once or pk in alone_ids else n for n, pk in enumerate(ids, args.first)
+    }
     # The owed condition again: on SQLite a second process may have claimed in between.
     # attempts first: MySQL evaluates assignments left to right, on the new values.
     _owed_rows(alias, replace(args, ids=ids)).update(
@@ -570,9 +648,7 @@ def take_over(
 def _update_sql(alias: str, columns: tuple[str, ...]) -> str:
     """The compare-and-set ``UPDATE`` for these columns, built once per shape."""
     quote = connections[alias].ops.quote_name
-    sets = [
-        f"{quote(c)} = {quote(c)} + %s" if c == "attempts" else f"{quote(c)} = %s" for c in columns
-    ]
+    sets = [_assignment(quote, c) for c in columns]
     return (
         f"UPDATE {quote(_table(DeliveryRecord))} SET {', '.join(sets)} "
         f"WHERE {quote('id')} = %s AND {quote('status')} = %s "
@@ -580,12 +656,24 @@ def _update_sql(alias: str, columns: tuple[str, ...]) -> str:
     )
 
 
+def _assignment(quote: Any, column: str) -> str:
+    if column == "attempts":
+        return f"{quote(column)} = {quote(column)} + %s"
+    if column == "claim_rank":
+        return f"{quote(column)} = %s - {quote('priority_credit')}"
+    return f"{quote(column)} = %s"
+
+
 def compare_and_set(alias: str, claim: Claim, assignments: dict[str, Any]) -> bool:
     """One ``UPDATE`` of the claimed row, only while ``claim`` still holds it.
 
-    ``attempts`` is added to, every other column set. False when the row was settled,
-    handed back or taken over since: the caller no longer holds it.
+    ``attempts`` is added to, every other column set; ``claim_rank`` follows a new
+    ``available_at``. False when the row was settled, handed back or taken over since:
+    the caller no longer holds it.
     """
+    moment = assignments.get("available_at")
+    if isinstance(moment, datetime):
+        assignments = {**assignments, "claim_rank": priority.rank(moment)}
     connection = connections[alias]
     adapt = connection.ops.adapt_datetimefield_value
     params = [adapt(v) if isinstance(v, datetime) else v for v in assignments.values()]

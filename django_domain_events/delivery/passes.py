@@ -218,10 +218,41 @@ def deliver_pending(
     return state.counts
 
 
+# A lane's full batch that ends in a broker publish claims the lane's next batch while
+# the publish's confirms are outstanding, and runs it next: at most this many batches
+# in one turn of the lane, before the other lanes get theirs.
+AHEAD_BATCHES = 8
+
+
 def run_lane_batch(state: Pass, lane: str, size: int, room: int | None = None) -> int:
-    """Claim one batch in ``lane`` and run it; returns how many rows were claimed."""
+    """Claim one batch in ``lane`` and run it; returns how many rows were claimed.
+
+    A publish overlaps the next claim with its confirms (see ``AHEAD_BATCHES``).
+    """
     if state.lane_paused(lane):
         return 0
+    claims, now = _claim_lane(state, lane, size, room)
+    claimed = 0
+    for turn in range(1, AHEAD_BATCHES + 1):
+        claimed += len(claims)
+        left = None if room is None else room - claimed
+        more = len(claims) == size and turn < AHEAD_BATCHES and left != 0
+        ahead = _Ahead(state, lane, size, left) if more else None
+        state.in_hand = list(claims)  # kept if the batch fails, for the relay to hand back
+        run_batch(state, lane, claims, now, ahead)
+        state.in_hand = []
+        if ahead is None or not ahead.claims:
+            break
+        claims, now = ahead.claims, ahead.now
+        if state.stop() or state.lane_paused(lane):
+            release(claims)
+            break
+    return claimed
+
+
+def _claim_lane(
+    state: Pass, lane: str, size: int, room: int | None
+) -> tuple[list[Claim], datetime]:
     now = state.now if state.now is not None else clock.now()
     claims = claim_batch(
         worker_id=state.worker_id,
@@ -233,24 +264,39 @@ def run_lane_batch(state: Pass, lane: str, size: int, room: int | None = None) -
         ignore_backoff=state.ignore_backoff,
     )
     state.claimed += len(claims)
-    state.in_hand = claims  # kept if the batch fails, for the relay to hand back
-    run_batch(state, lane, claims, now)
-    state.in_hand = []
-    return len(claims)
+    return claims, now
 
 
-def run_batch(state: Pass, lane: str, claims: Sequence[Claim], now: datetime) -> None:
+class _Ahead:
+    """The lane's next batch, claimed (when called) while a publish's confirms are
+    outstanding; sent only once this batch is settled, so one relay keeps event order."""
+
+    def __init__(self, state: Pass, lane: str, size: int, room: int | None) -> None:
+        self.state, self.lane, self.size, self.room = state, lane, size, room
+        self.claims: list[Claim] = []
+        self.now: datetime = clock.now()
+
+    def __call__(self) -> None:
+        self.claims, self.now = _claim_lane(self.state, self.lane, self.size, self.room)
+        self.state.in_hand.extend(self.claims)  # handed back with the batch if it fails
+
+
+def run_batch(
+    state: Pass, lane: str, claims: Sequence[Claim], now: datetime, ahead: _Ahead | None = None
+) -> None:
     """Run a claimed batch in order; hand back the unstarted rest on a pause or a stop,
     and every row not yet settled when something escapes (nothing is charged for it)."""
     try:
-        _run_claims(state, lane, claims, now)
+        _run_claims(state, lane, claims, now, ahead)
     except BaseException:
         with contextlib.suppress(Exception):  # in an outage the relay hands back later
-            release(claims)  # a compare-and-set: the rows already settled are left alone
+            release([*claims, *(ahead.claims if ahead is not None else ())])  # compare-and-set
         raise
 
 
-def _run_claims(state: Pass, lane: str, claims: Sequence[Claim], now: datetime) -> None:
+def _run_claims(
+    state: Pass, lane: str, claims: Sequence[Claim], now: datetime, ahead: _Ahead | None
+) -> None:
     decoded: dict[int, Any] = {}
     index = 0
     while index < len(claims):
@@ -264,7 +310,9 @@ def _run_claims(state: Pass, lane: str, claims: Sequence[Claim], now: datetime) 
         elif batched:  # e.g. contrib.brokers: one publish with confirms for the run
             group = batched
             func: Any = registry.receiver(group[0].receiver_key).func  # type: ignore[union-attr]
-            results = list(func.deliver_batch(group, now=now))
+            last = index + len(group) == len(claims)
+            extra = {"meanwhile": ahead} if ahead is not None and last else {}
+            results = list(func.deliver_batch(group, now=now, **extra))
         else:
             group = [claims[index]]
             results = [run_one(claims[index], now, decoded)]

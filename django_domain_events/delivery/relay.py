@@ -31,6 +31,7 @@ from django.db import DatabaseError, connections
 from .. import clock, conf, tally
 from ..models import DeliveryStatus, LanePauseRecord
 from ..retention import prune_events
+from . import limits
 from .claim import database_alias, release
 from .loop import on_relay_loop, refusing_detached
 from .outage import is_outage
@@ -524,9 +525,10 @@ def _compact_tally(alias: str) -> None:
 
 
 def _poll(poll: float, ticker: Ticker) -> float:
-    """The idle wait: the poll interval, or less when a schedule's tick comes due sooner."""
-    tick = ticker.seconds_to_next()
-    return poll if tick is None else min(poll, max(tick, 0.01))
+    """The idle wait: the poll interval, or less when a schedule's tick comes due sooner
+    or a rate limit's next token does (``limits.seconds_to_token``)."""
+    soonest = [s for s in (ticker.seconds_to_next(), limits.seconds_to_token()) if s is not None]
+    return min([poll, *(max(s, 0.01) for s in soonest)])
 
 
 def _wait(listener: Listener | None, poll: float, state: Pass) -> bool:

@@ -136,18 +136,22 @@ def _timed(claim: Claim, timing: Timing | None) -> dict[str, float | None]:
 
 
 def report_success(claim: Claim, timing: Timing | None = None) -> None:
-    """A success is committed: log it at DEBUG and send ``delivery_succeeded``."""
-    subject = Subject.of_claim(claim)
-    logger.debug(
-        "Delivery %s of %s #%s to %s succeeded on attempt %s.",
-        claim.id,
-        claim.event_name,
-        claim.event_id,
-        claim.receiver_key,
-        subject.attempt,
-        extra=subject.log_fields(DeliveryStatus.SUCCEEDED),
-    )
-    signals.delivery_succeeded.send(**subject.signal_arguments(_timed(claim, timing)))
+    """A success is committed: log it at DEBUG and send ``delivery_succeeded`` (their
+    arguments built only when a handler or a listener will see them: a publisher reports
+    thousands of successes a second)."""
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "Delivery %s of %s #%s to %s succeeded on attempt %s.",
+            claim.id,
+            claim.event_name,
+            claim.event_id,
+            claim.receiver_key,
+            claim.attempts + 1,
+            extra=log_fields(claim, DeliveryStatus.SUCCEEDED),
+        )
+    if signals.delivery_succeeded.receivers:
+        subject = Subject.of_claim(claim)
+        signals.delivery_succeeded.send(**subject.signal_arguments(_timed(claim, timing)))
 
 
 def report_failure(

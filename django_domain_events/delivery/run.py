@@ -33,6 +33,7 @@ from ..codec import PayloadDecodeError, PayloadUpgradeFailed
 from ..declare import RegisteredReceiver, registry
 from ..models import TERMINAL_VALUES, DeliveryRecord, DeliveryStatus
 from ..scope import caused_by
+from . import limits
 from .claim import (
     Claim,
     compare_and_set,
@@ -48,6 +49,7 @@ from .outage import Blame, blame, is_outage
 from .outcomes import (
     DeliveryContext,
     Outcome,
+    RetryAfter,
     decide,
     describe_error,
     expired_reason,
@@ -217,6 +219,39 @@ def prepare(
     """Everything before the receiver runs: a row that cannot run is settled unrun, a row
     lost to another worker skipped (both answered as an attempt's result); the rest is
     ``Ready``, its lease renewed and its event decoded."""
+    admitted = admit(alias, claim, now)
+    if not isinstance(admitted, Admitted):
+        return admitted
+    held, receiver, lease = admitted.claim, admitted.receiver, admitted.lease
+    try:
+        evt, scope = _read(held, decoded)
+    except _UNREADABLE as error:  # a row that cannot become the event: dead, unrun
+        reason = describe_error(error)
+        if not isinstance(error, LookupError | PayloadDecodeError | PayloadUpgradeFailed):
+            reason = f"the payload could not be decoded into {claim.event_name}: {reason}"
+        return _settle_unrun(alias, held, DeliveryStatus.DEAD, reason, receiver)
+    except ImproperlyConfigured:
+        raise  # the codec cannot be loaded: nothing about this row is wrong
+    except Exception as error:  # reading failed: an outage, else one failed attempt
+        if isinstance(error, DatabaseError) and is_outage(error, alias):
+            raise
+        return record_failure(held, receiver, error, now=now)
+    return Ready(held, receiver, lease, evt, context_for(held, scope))
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A claimed row that may run: its receiver, and its lease renewed (not yet decoded)."""
+
+    claim: Claim
+    receiver: RegisteredReceiver
+    lease: timedelta
+
+
+def admit(alias: str, claim: Claim, now: datetime) -> Admitted | Attempted:
+    """The checks before a row runs, without reading its event: a row that cannot run
+    is settled unrun, a row lost to another worker skipped (both answered as an
+    attempt's result). A publisher, which sends the stored payload, needs no more."""
     receiver = registry.receiver(claim.receiver_key)
     if receiver is None or not receiver.durable:
         if not may_orphan(claim.receiver_key, claim.due_at, now):
@@ -241,20 +276,7 @@ def prepare(
     if held is None:
         warn_lease_lost(claim, ran=False)
         return None, None
-    try:
-        evt, scope = _read(held, decoded)
-    except _UNREADABLE as error:  # a row that cannot become the event: dead, unrun
-        reason = describe_error(error)
-        if not isinstance(error, LookupError | PayloadDecodeError | PayloadUpgradeFailed):
-            reason = f"the payload could not be decoded into {claim.event_name}: {reason}"
-        return _settle_unrun(alias, held, DeliveryStatus.DEAD, reason, receiver)
-    except ImproperlyConfigured:
-        raise  # the codec cannot be loaded: nothing about this row is wrong
-    except Exception as error:  # reading failed: an outage, else one failed attempt
-        if isinstance(error, DatabaseError) and is_outage(error, alias):
-            raise
-        return record_failure(held, receiver, error, now=now)
-    return Ready(held, receiver, lease, evt, context_for(held, scope))
+    return Admitted(held, receiver, lease)
 
 
 # What a payload that cannot become its event raises: the JSON parse, the codec, the
@@ -437,6 +459,9 @@ def record_failure(
     if not written:
         warn_lease_lost(claim, ran=True)
         return None, None
+    if isinstance(error, RetryAfter) and limits.declared([receiver.key]):
+        until = now + timedelta(seconds=error.seconds)
+        limits.pause(database_alias(), receiver.key, until, now)  # for every relay
     tell_failure(claim, receiver, outcome, error, timing)
     return outcome.status, outcome
 

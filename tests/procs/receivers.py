@@ -225,3 +225,32 @@ BATCH_RUN_LOG_KEY = "tests.log_run_batch"
 def declare_batch_run_logger() -> None:
     """The run logger with group acknowledgement: a claim's rows run in one commit."""
     receiver(Pinged, key=BATCH_RUN_LOG_KEY, takes_context=True, ack="batch")(log_run)
+
+
+LIMITED_KEY = "tests.limited"
+FREE_KEY = "tests.free"
+
+
+def log_interval(evt: object, ctx: DeliveryContext) -> None:
+    """Append ``key start end`` (time.time()) to DDE_RUN_LOG, sleeping DDE_SLOW_SECONDS in
+    between: each run's interval, from which overlap and rates are read."""
+    start = time.time()
+    if ctx.receiver_key == LIMITED_KEY:
+        time.sleep(float(os.environ.get("DDE_SLOW_SECONDS", "0")))
+    with open(os.environ["DDE_RUN_LOG"], "a") as log:
+        log.write(f"{ctx.receiver_key} {start:.6f} {time.time():.6f}\n")
+
+
+def declare_limited() -> None:
+    """An OrderPlaced receiver limited by DDE_RATE_LIMIT and/or DDE_CONCURRENCY_LIMIT, and
+    an unlimited Pinged receiver in the same lane; both log their runs' intervals."""
+    rate = os.environ.get("DDE_RATE_LIMIT") or None
+    concurrency = os.environ.get("DDE_CONCURRENCY_LIMIT")
+    receiver(
+        OrderPlaced,
+        key=LIMITED_KEY,
+        takes_context=True,
+        rate_limit=rate,
+        concurrency_limit=int(concurrency) if concurrency else None,
+    )(log_interval)
+    receiver(Pinged, key=FREE_KEY, takes_context=True)(log_interval)

@@ -10,7 +10,9 @@ the receivers that fail outside a plain exception (declare_faulty),
 DDE_RECEIVERS=crash_or_log only the receiver that ends its process on one row
 (crash_or_log, with DDE_POISON_N), DDE_RECEIVERS=batch_run_log the run logger with
 ack="batch", DDE_RECEIVERS=with_failing
-adds an always failing receiver on the mail lane (declare_failing); DDE_SPANS_FILE, when
+adds an always failing receiver on the mail lane (declare_failing), DDE_RECEIVERS=limited
+a limited receiver and a free one (declare_limited, with DDE_RATE_LIMIT and
+DDE_CONCURRENCY_LIMIT); DDE_SPANS_FILE, when
 set, turns contrib.opentelemetry on and writes the spans there as JSON lines.
 
 For the recurring schedules (tests.procs.recurring): DDE_RECEIVERS=report declares only
@@ -39,6 +41,7 @@ from tests.procs.receivers import (  # noqa: E402
     declare_crash_or_log,
     declare_failing,
     declare_faulty,
+    declare_limited,
     declare_run_logger,
 )
 from tests.procs.recurring import (  # noqa: E402
@@ -69,6 +72,8 @@ elif os.environ.get("DDE_RECEIVERS") == "report":
     declare_report_receiver()
 elif os.environ.get("DDE_RECEIVERS") == "async_run_log":
     declare_async_run_logger()
+elif os.environ.get("DDE_RECEIVERS") == "limited":
+    declare_limited()
 elif os.environ.get("DDE_RECEIVERS") == "faulty":
     declare_run_logger()
     declare_faulty()

@@ -13,12 +13,22 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
 
 from django.core.signals import setting_changed
 
 from ... import conf
 from .config import BrokerConfig, broker
-from .transport import BrokerDown, Confirmations, Outgoing, Transport, make_transport, run
+from .transport import (
+    BrokerDown,
+    Confirmations,
+    Outgoing,
+    Transport,
+    make_transport,
+    run,
+    submit,
+)
 
 logger = logging.getLogger("django_domain_events.brokers")
 
@@ -35,16 +45,29 @@ class Link:
 
     def send(self, messages: Sequence[Outgoing]) -> Confirmations:
         """Publish ``messages``; per message None (confirmed) or why not."""
+        return self.submit(messages).wait()
+
+    def submit(self, messages: Sequence[Outgoing]) -> Sending:
+        """Start publishing ``messages`` on the broker loop and return at once, so the
+        relay can claim its next batch while the confirms are outstanding."""
         if not messages:
-            return []
+            return Sending(self, None, None, [])
         with self._lock:
             transport = self.transport or self._connect()
         if transport is None:
-            return [BrokerDown(f"broker {self.config.name!r} is down")] * len(messages)
+            down = BrokerDown(f"broker {self.config.name!r} is down")
+            return Sending(self, None, None, [down] * len(messages))
+        future = submit(transport.publish(messages))
+        return Sending(self, transport, future, [None] * len(messages))
+
+    def _settled(
+        self, transport: Transport, future: Future[Confirmations], count: int
+    ) -> Confirmations:
         try:
-            results = run(transport.publish(messages), self.config.confirm_timeout + 5)
+            results = future.result(self.config.confirm_timeout + 5)
         except TimeoutError:
-            results = [BrokerDown("no answer from the broker")] * len(messages)
+            future.cancel()
+            results = [BrokerDown("no answer from the broker")] * count
         down = next((r for r in results if isinstance(r, BrokerDown)), None)
         if down is not None:
             with self._lock:
@@ -93,6 +116,22 @@ class Link:
         transport, self.transport = self.transport, None
         if transport is not None:
             run(transport.close(), 5)
+
+
+@dataclass(frozen=True)
+class Sending:
+    """A batch on its way: ``wait()`` gives each message's confirmation."""
+
+    link: Link
+    transport: Transport | None
+    future: Future[Confirmations] | None
+    answered: Confirmations  # the answers when nothing was sent (broker down, no message)
+
+    def wait(self) -> Confirmations:
+        """Wait for the broker's confirms (at most ``CONFIRM_TIMEOUT_SECONDS`` + 5 s)."""
+        if self.future is None or self.transport is None:
+            return list(self.answered)
+        return self.link._settled(self.transport, self.future, len(self.answered))
 
 
 _links: dict[str, Link] = {}

@@ -25,7 +25,7 @@ from ...declare import AnyEvent, receiver, registry
 from ...delivery.claim import Claim, database_alias, event_payload, release
 from ...delivery.group import _acknowledge_all
 from ...delivery.outcomes import DeliveryContext
-from ...delivery.run import Ready, prepare, record_failure, report_success
+from ...delivery.run import Admitted, Ready, admit, prepare, record_failure, report_success
 from ...models import DeliveryRecord, DeliveryStatus, EventRecord
 from . import envelope
 from .config import broker as broker_config
@@ -75,9 +75,16 @@ class Publication:
         if result is not None:
             raise result
 
-    def deliver_batch(self, claims: Sequence[Claim], *, now: datetime) -> list[Result]:
-        """Publish ``claims`` (rows of this broker) together; see the module docstring."""
-        return deliver_batch(self.broker, claims, now=now)
+    def deliver_batch(
+        self,
+        claims: Sequence[Claim],
+        *,
+        now: datetime,
+        meanwhile: Callable[[], object] | None = None,
+    ) -> list[Result]:
+        """Publish ``claims`` (rows of this broker) together, running ``meanwhile()``
+        while their confirms are outstanding; see the module docstring."""
+        return deliver_batch(self.broker, claims, now=now, meanwhile=meanwhile)
 
 
 def publish(
@@ -176,15 +183,26 @@ def _trace(stored: str) -> tuple[str | None, str | None]:
     return carrier.get("traceparent"), carrier.get("tracestate")
 
 
-def deliver_batch(broker: str, claims: Sequence[Claim], *, now: datetime) -> list[Result]:
-    """Send every row, await the confirms, acknowledge the confirmed ones in one commit."""
+def deliver_batch(
+    broker: str,
+    claims: Sequence[Claim],
+    *,
+    now: datetime,
+    meanwhile: Callable[[], object] | None = None,
+) -> list[Result]:
+    """Send every row, run ``meanwhile()`` while the confirms are outstanding, await them,
+    acknowledge the confirmed rows in one commit.
+
+    The message body is the stored payload, so a row's event is decoded only when its
+    publish has a ``key=`` to call; a batch costs the same few queries whatever its size.
+    """
     alias = database_alias()
     results: dict[int, Result] = {}
     decoded: dict[int, Any] = {}
-    ready: list[Ready] = []
+    ready: list[Ready | Admitted] = []
     for claim in claims:
-        prepared = prepare(alias, claim, now, decoded)
-        if isinstance(prepared, Ready):
+        prepared = _admit(alias, claim, now, decoded)
+        if isinstance(prepared, Ready | Admitted):
             ready.append(prepared)
         else:
             results[claim.id] = prepared
@@ -192,23 +210,39 @@ def deliver_batch(broker: str, claims: Sequence[Claim], *, now: datetime) -> lis
     if ready:
         rows = EventRecord.objects.using(alias).filter(pk__in={r.claim.event_id for r in ready})
         causes = dict(rows.values_list("pk", "causation_id"))
-    messages: list[tuple[Ready, Outgoing]] = []
+    messages: list[tuple[Ready | Admitted, Outgoing]] = []
     source = event_source()
     for row in ready:
         publication: Any = row.receiver.func
         try:
             env = _claim_envelope(publication, row, causes.get(row.claim.event_id), source)
-        except Exception as error:  # key= raised: this row's failure
+        except Exception as error:  # key= raised, or the payload is unreadable: this row
             results[row.claim.id] = record_failure(row.claim, row.receiver, error, now=now)
             continue
         messages.append((row, Outgoing(publication.to, env)))
-    confirmations = link(broker).send([message for _, message in messages])
+    sending = link(broker).submit([message for _, message in messages])
+    try:
+        if meanwhile is not None:
+            meanwhile()  # the relay claims its next batch while the confirms are outstanding
+    finally:
+        confirmations = sending.wait()
     results.update(_settle(alias, messages, confirmations, now))
     return [results[claim.id] for claim in claims]
 
 
+def _admit(
+    alias: str, claim: Claim, now: datetime, decoded: dict[int, Any]
+) -> Ready | Admitted | Result:
+    """The row's checks and lease; its event decoded only for a ``key=`` to call."""
+    receiver = registry.receiver(claim.receiver_key)
+    func = receiver.func if receiver is not None else None
+    if isinstance(func, Publication) and func.key is None:
+        return admit(alias, claim, now)
+    return prepare(alias, claim, now, decoded)
+
+
 def _claim_envelope(
-    publication: Publication, ready: Ready, causation: int | None, source: str
+    publication: Publication, ready: Ready | Admitted, causation: int | None, source: str
 ) -> Any:
     claim = ready.claim
     row = Row(
@@ -223,12 +257,12 @@ def _claim_envelope(
         trace_context=claim.trace_context,
         expires_at=claim.expires_at,
     )
-    return make_envelope(publication, ready.evt, row, source)
+    return make_envelope(publication, getattr(ready, "evt", None), row, source)
 
 
 def _settle(
     alias: str,
-    messages: Sequence[tuple[Ready, Outgoing]],
+    messages: Sequence[tuple[Ready | Admitted, Outgoing]],
     confirmations: Sequence[BaseException | None],
     now: datetime,
 ) -> dict[int, Result]:

@@ -9,6 +9,7 @@ transport module is imported only when a broker of its kind is used.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib
 import threading
 from collections.abc import Coroutine, Sequence
@@ -84,9 +85,14 @@ def loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+def submit(coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Start ``coroutine`` on the broker loop; its future, to wait for later."""
+    return asyncio.run_coroutine_threadsafe(coroutine, loop())
+
+
 def run(coroutine: Coroutine[Any, Any, T], timeout: float) -> T:
     """Run ``coroutine`` on the broker loop and wait at most ``timeout`` seconds."""
-    future = asyncio.run_coroutine_threadsafe(coroutine, loop())
+    future = submit(coroutine)
     try:
         return future.result(timeout)
     except TimeoutError:

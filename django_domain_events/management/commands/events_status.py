@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 from django.core.management.base import CommandParser
 
 from ... import clock
-from ...introspect import OutboxHealth, ScheduleStatus, outbox_health
+from ...introspect import LimitStatus, OutboxHealth, ScheduleStatus, outbox_health
 from ...recurrence import aware
 from ...tally import recount
 from ..base import OutboxCommand, age, shown_in
@@ -38,10 +38,22 @@ def _schedule_line(status: ScheduleStatus, now: datetime) -> str:
     return line
 
 
+def _limit_line(limit: LimitStatus) -> str:
+    line = f"limit {limit.key}:"
+    if limit.rate_limit is not None:
+        line += f" rate={limit.rate_limit} tokens={limit.tokens or 0:.1f}"
+    if limit.concurrency_limit is not None:
+        line += f" concurrency={limit.concurrency_limit}"
+    line += f" running={limit.running} waiting={limit.waiting}"
+    if limit.paused_until is not None:
+        line += f" paused_until={limit.paused_until.isoformat()}"
+    return line
+
+
 class Command(OutboxCommand):
     help = (
-        "Print the outbox's totals, a line per lane, a line per receiver and a line per "
-        "@recurring schedule."
+        "Print the outbox's totals, a line per lane, a line per receiver, a line per "
+        "rate or concurrency limit and a line per @recurring schedule."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -86,5 +98,7 @@ class Command(OutboxCommand):
                 f"claimed={row.claimed} dead={row.dead} oldest={age(row.oldest_owed_at, now)}"
                 f"{'' if row.declared else ' (not declared by this relay)'}"
             )
+        for limit in health.limits:
+            write(_limit_line(limit))
         for status in health.schedules:
             write(_schedule_line(status, aware(now)))

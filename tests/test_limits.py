@@ -1,0 +1,134 @@
+"""rate_limit= and concurrency_limit=: held in the database, whichever relay claims."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from django_domain_events import RetryAfter, fire, receiver, run_relay
+from django_domain_events.delivery.claim import claim_batch
+from django_domain_events.models import DeliveryRecord, DeliveryStatus
+from tests.app.events import OrderPlaced, Pinged
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def fire_each(*events: object) -> None:
+    with transaction.atomic():
+        for evt in events:
+            fire(evt)
+
+
+def keys(now: object, limit: int = 50, worker: str = "w", lease: float = 60) -> list[str]:
+    return [
+        c.receiver_key for c in claim_batch(worker_id=worker, now=now, lease=lease, limit=limit)
+    ]
+
+
+def test_a_rate_limit_leaves_rows_past_it_owed_and_the_rest_of_the_lane_runs() -> None:
+    receiver(Pinged, key="t.sms", rate_limit="2/s")(lambda evt: None)  # burst: one token
+    receiver(OrderPlaced, key="t.free")(lambda evt: None)
+    fire_each(*(Pinged(n=n) for n in range(5)))
+    fire_each(*(OrderPlaced(order_id=n) for n in range(3)))
+    now = timezone.now() + timedelta(seconds=1)
+    assert sorted(keys(now)) == ["t.free", "t.free", "t.free", "t.sms"]
+    assert keys(now, worker="w2") == []  # no token left, whichever relay asks
+    waiting = DeliveryRecord.objects.filter(receiver_key="t.sms", status=DeliveryStatus.PENDING)
+    assert waiting.count() == 4 and {r.attempts for r in waiting} == {0}  # nothing spent
+    assert keys(now + timedelta(seconds=0.5), worker="w3") == ["t.sms"]  # the next token
+
+
+def test_a_concurrency_limit_counts_the_rows_under_a_live_lease() -> None:
+    receiver(Pinged, key="t.crm", concurrency_limit=2)(lambda evt: None)
+    fire_each(*(Pinged(n=n) for n in range(5)))
+    now = timezone.now() + timedelta(seconds=1)
+    assert keys(now, lease=30) == ["t.crm", "t.crm"]
+    assert keys(now + timedelta(seconds=10), worker="w2") == []
+    # The first worker died: once its lease lapsed, its rows no longer hold the limit.
+    assert keys(now + timedelta(seconds=31), worker="w3") == ["t.crm", "t.crm"]
+
+
+def test_a_finished_row_frees_its_place() -> None:
+    receiver(Pinged, key="t.crm", concurrency_limit=1)(lambda evt: None)
+    fire_each(*(Pinged(n=n) for n in range(3)))
+    run_relay(passes=3)
+    assert DeliveryRecord.objects.filter(status=DeliveryStatus.SUCCEEDED).count() == 3
+
+
+def test_retry_after_from_a_limited_receiver_pauses_it_for_every_relay() -> None:
+    def busy(evt: Pinged) -> None:
+        raise RetryAfter(30, "gateway says slow down")
+
+    receiver(Pinged, key="t.gateway", concurrency_limit=5)(busy)
+    receiver(OrderPlaced, key="t.free")(lambda evt: None)
+    fire_each(Pinged(n=1))
+    run_relay(passes=1)
+    fire_each(Pinged(n=2), OrderPlaced(order_id=1))
+    now = timezone.now() + timedelta(seconds=1)
+    assert keys(now, worker="other") == ["t.free"]  # the fresh row waits with the group
+    assert keys(now + timedelta(seconds=40), worker="later") == ["t.gateway", "t.gateway"]
+
+
+@pytest.mark.parametrize("rate", ["50", "50/d", "0/s", "fast", 50, "-1/s"])
+def test_a_bad_rate_limit_is_refused_naming_the_form(rate: object) -> None:
+    with pytest.raises(ValueError, match=r"rate_limit=\) must be a count per second"):
+        receiver(Pinged, key="t.bad", rate_limit=rate)(lambda evt: None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "3"])
+def test_a_bad_concurrency_limit_is_refused(value: object) -> None:
+    with pytest.raises(ValueError, match=r"concurrency_limit=\) must be an int >= 1"):
+        receiver(Pinged, key="t.bad", concurrency_limit=value)(lambda evt: None)  # type: ignore[arg-type]
+
+
+def test_events_status_and_health_show_each_limit_its_use_and_what_waits() -> None:
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from django_domain_events import outbox_health
+
+    receiver(Pinged, key="t.sms", rate_limit="2/s", concurrency_limit=3)(lambda evt: None)
+    fire_each(*(Pinged(n=n) for n in range(4)))
+    keys(timezone.now() + timedelta(seconds=1))  # one row claimed: the bucket held one token
+    (limit,) = outbox_health().limits
+    assert (limit.key, limit.rate_limit, limit.concurrency_limit) == ("t.sms", "2/s", 3)
+    assert (limit.running, limit.waiting) == (1, 3)
+    out = StringIO()
+    call_command("events_status", stdout=out)
+    assert "limit t.sms: rate=2/s tokens=" in out.getvalue()
+    assert "concurrency=3 running=1 waiting=3" in out.getvalue()
+    out = StringIO()
+    call_command("events_status", "--format", "json", stdout=out)
+    assert json.loads(out.getvalue())["limits"][0]["waiting"] == 3
+
+
+def test_prometheus_reports_each_limit() -> None:
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from django_domain_events.contrib.prometheus import register
+
+    receiver(Pinged, key="t.crm", concurrency_limit=2)(lambda evt: None)
+    fire_each(*(Pinged(n=n) for n in range(3)))
+    keys(timezone.now() + timedelta(seconds=1))
+    registry = CollectorRegistry()
+    register(registry)
+    text = generate_latest(registry).decode()
+    assert 'limit_running{receiver="t.crm"} 2.0' in text
+    assert 'limit_waiting{receiver="t.crm"} 1.0' in text
+    assert 'limit_concurrency{receiver="t.crm"} 2.0' in text
+
+
+def test_the_admin_lists_each_limit(admin_client: object) -> None:
+    receiver(Pinged, key="t.crm", concurrency_limit=2)(lambda evt: None)
+    fire_each(*(Pinged(n=n) for n in range(3)))
+    keys(timezone.now() + timedelta(seconds=1))
+    page = admin_client.get("/admin/django_domain_events/limitrecord/")  # type: ignore[attr-defined]
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "t.crm" in text and "at most 2 at once" in text
