@@ -399,6 +399,8 @@ def receiver(
     ``"1000/h"``) and ``concurrency_limit`` hold across every relay and slot: a row the
     limit does not allow now is left owed, unclaimed and uncharged.
     """
+    # Long only by its signature and the options it hands on, one a line: the public
+    # signature names every option (API.md), and ReceiverOptions checks them all.
     _check_event_class(event_cls)
     options = ReceiverOptions(
         mode=mode,
