@@ -10,7 +10,7 @@ leaves the list. Registered by the package's ``__init__`` when the admin is inst
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -19,9 +19,15 @@ from django.utils.html import format_html
 
 from ..inbox import DEAD, RECORDED, inbox_entry, retry_dead_messages
 from ..models import DeadMessage
+from .readonly import ReadOnly
+
+if TYPE_CHECKING:
+    _DeadMessageAdminBase = admin.ModelAdmin[DeadMessage]
+else:
+    _DeadMessageAdminBase = admin.ModelAdmin
 
 
-class DeadMessageAdmin(admin.ModelAdmin):
+class DeadMessageAdmin(ReadOnly, _DeadMessageAdminBase):
     """Dead inbox entries: filtered by subscription and type, searched by reason, id or
     source; the rows open view-only."""
 
@@ -44,18 +50,6 @@ class DeadMessageAdmin(admin.ModelAdmin):
         "shown_body",
     )
     readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        if obj is not None:
-            return False
-        opts = DeadMessage._meta
-        return bool(request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}"))
 
     @admin.display(description="attributes")
     def shown_attributes(self, entry: DeadMessage) -> str:
