@@ -82,9 +82,11 @@ def assert_fired_once(ticks: list[datetime]) -> None:
     assert set(rows.values_list("status", flat=True)) == {TickStatus.FIRED}
     events = EventRecord.objects.filter(pk__in=rows.values("event_id"))
     assert events.count() == EventRecord.objects.count() == len(ticks)
+    # The payload's tick is as the function was given it (naive local under USE_TZ=False).
     assert sorted(
-        (aware(at), p["tick"]) for at, p in events.values_list("occurred_at", "payload")
-    ) == [(t, t.isoformat()) for t in ticks]
+        (aware(at), aware(datetime.fromisoformat(p["tick"])))
+        for at, p in events.values_list("occurred_at", "payload")
+    ) == [(t, t) for t in ticks]
     deliveries = DeliveryRecord.objects.filter(receiver_key=REPORT_KEY)
     assert deliveries.count() == len(ticks)
     assert set(deliveries.values_list("status", flat=True)) == {DeliveryStatus.SUCCEEDED}
@@ -302,9 +304,12 @@ def test_a_relay_killed_inside_a_ticks_transaction_leaves_nothing_and_its_succes
     }
     relay = start_child("relay", env=env)
     held = Path(f"{hold}.held")
-    wait_for(held.exists, 120, "the relay to build the tick")
-    assert held.read_text() == DAY.isoformat()
-    relay.send_signal(signal.SIGKILL)
+    try:
+        wait_for(held.exists, 120, "the relay to build the tick")
+    finally:  # a relay left running would hold the SQLite file for every later test
+        relay.send_signal(signal.SIGKILL)
+    # The tick as the function is given it: naive local time under USE_TZ = False.
+    assert aware(datetime.fromisoformat(held.read_text())) == DAY
     code, _, err = finish(relay)
     assert code == -signal.SIGKILL, err
     assert not TickRecord.objects.exists()
