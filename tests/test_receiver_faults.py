@@ -116,26 +116,34 @@ def test_a_task_left_by_an_async_receiver_cannot_write_outside_its_delivery(
     refused, loudly and naming the receiver, rather than run in another delivery's
     transaction or held until the relay stops; the relay and both rows are unharmed."""
 
+    tried, slow_done, give_up = threading.Event(), threading.Event(), threading.Event()
+
     async def leaves_a_task(evt: OrderPlaced) -> None:
         async def later() -> None:
-            await asyncio.sleep(0.1)
-            await Delivered.objects.acreate(
-                delivery_id=1000, receiver_key="left", event_id=evt.order_id, target=""
-            )
+            try:
+                await asyncio.sleep(0.1)
+                await Delivered.objects.acreate(
+                    delivery_id=1000, receiver_key="left", event_id=evt.order_id, target=""
+                )
+            finally:
+                tried.set()
 
         asyncio.get_running_loop().create_task(later())
 
     def slow(evt: OrderPlaced) -> None:
         time.sleep(0.5)  # the left task's write comes while this row runs
+        slow_done.set()
 
     receiver(OrderPlaced, key="t.a_leaves")(leaves_a_task)
     receiver(OrderPlaced, key="t.b_slow")(slow)
     fire_one(OrderPlaced(order_id=1))
-    stop = threading.Event()
-    timer = threading.Timer(1.5, stop.set)
+    # Stop once the task has tried its write and both rows ran, however loaded the machine.
+    timer = threading.Timer(60, give_up.set)
     timer.start()
     with caplog.at_level(logging.ERROR, logger="django_domain_events"):
-        counts = run_relay(stop=stop, prune=None)
+        counts = run_relay(
+            stop=lambda: (tried.is_set() and slow_done.is_set()) or give_up.is_set(), prune=None
+        )
     timer.cancel()
     assert counts[DeliveryStatus.SUCCEEDED] == 2
     assert not Delivered.objects.filter(receiver_key="left").exists()
