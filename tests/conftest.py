@@ -15,6 +15,7 @@ import pytest
 from django.db import connection
 
 from django_domain_events import registry
+from django_domain_events.delivery import limits
 from django_domain_events.recurrence import schedules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,9 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def isolated_receivers() -> Iterator[None]:
-    """Receivers a test declares are forgotten after it, so counts stay local."""
+    """Receivers a test declares are forgotten after it, so counts stay local, and so is
+    what this process learnt of their limits (a rate it saw empty)."""
     before = {r.key for r in registry.receivers}
     yield
+    limits._empty_until.clear()
     for declared in registry.receivers:
         if declared.key not in before:
             registry.forget(declared.key)

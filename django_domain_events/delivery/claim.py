@@ -178,7 +178,7 @@ def _claim_within_limits(
     A row that must run alone (``lapse.py``) ends the claim."""
     claims: list[Claim] = []
     taken: dict[str, int] = {}
-    asking = limits.worth_asking(limited, args.now)
+    asking = limits.worth_asking(alias, limited, args.now)
     with transaction.atomic(using=alias):
         grants = limits.allowances(alias, asking, args.now) if asking else []
         for grant in grants:

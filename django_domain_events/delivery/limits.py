@@ -84,19 +84,20 @@ class Grant:
 
 # time.monotonic() at which this process's last claim expects a token; relay._poll reads it.
 _next_token = math.inf
-# Per rate-only limit, the moment (the claims' clock) before which its bucket is known
-# empty: other relays only take tokens, so no claim before then need lock it.
-_empty_until: dict[str, datetime] = {}
+# Per database and rate-only limit, the moment (the claims' clock) before which its bucket
+# is known empty: other relays only take tokens, so no claim before then need lock it.
+# Keyed by the whole limit, so a receiver declared again with other limits asks afresh.
+_empty_until: dict[tuple[str, Limit], datetime] = {}
 
 
-def worth_asking(limits: Iterable[Limit], now: datetime) -> tuple[Limit, ...]:
-    """The limits a claim at ``now`` should lock: all but the rates this process saw
-    empty, until their next token is due."""
-    return tuple(lm for lm in limits if not _known_empty(lm.key, now))
+def worth_asking(alias: str, limits: Iterable[Limit], now: datetime) -> tuple[Limit, ...]:
+    """The limits a claim at ``now`` on ``alias`` should lock: all but the rates this
+    process saw empty there, until their next token is due."""
+    return tuple(lm for lm in limits if not _known_empty(alias, lm, now))
 
 
-def _known_empty(key: str, now: datetime) -> bool:
-    until = _empty_until.get(key)
+def _known_empty(alias: str, limit: Limit, now: datetime) -> bool:
+    until = _empty_until.get((alias, limit))
     # A naive and an aware moment (USE_TZ changed in this process): ask the database.
     return until is not None and (until.tzinfo is None) == (now.tzinfo is None) and now < until
 
@@ -122,7 +123,7 @@ def allowances(alias: str, limits: Collection[Limit], now: datetime) -> list[Gra
         grants.append(grant)
         wait = min(wait, seconds)
         if limit.concurrency is None and seconds < math.inf:
-            _empty_until[limit.key] = now + timedelta(seconds=seconds)
+            _empty_until[alias, limit] = now + timedelta(seconds=seconds)
     _next_token = time.monotonic() + wait
     return grants
 
