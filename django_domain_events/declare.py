@@ -77,6 +77,9 @@ class RegisteredReceiver:
     priority: int = 0  # within a lane, higher first among due rows, with aging (priority.py)
     rate_limit: str | None = None  # "50/s": held across every relay (delivery/limits.py)
     concurrency_limit: int | None = None  # at most this many running, across every relay
+    # The key whose rows run one at a time, in firing order (delivery/ordering.py).
+    ordered_by: Callable[[Any], str | int] | None = None
+    on_dead: str = "skip"  # "block": a dead row holds its key's later rows
 
     @property
     def durable(self) -> bool:
@@ -384,6 +387,8 @@ def receiver(
     priority: int = 0,
     rate_limit: str | None = None,
     concurrency_limit: int | None = None,
+    ordered_by: Callable[[Any], str | int] | None = None,
+    on_dead: str = "skip",
 ) -> Callable[[F], F]:
     """Declare ``func`` as a reaction to ``event_cls`` (or to every event, ``AnyEvent``).
 
@@ -398,6 +403,12 @@ def receiver(
     after it, whatever their priority. ``rate_limit`` (``"50/s"``, ``"600/m"``,
     ``"1000/h"``) and ``concurrency_limit`` hold across every relay and slot: a row the
     limit does not allow now is left owed, unclaimed and uncharged.
+
+    ``ordered_by`` (a function of the event, computed at ``fire()``): rows with one key
+    run one at a time, in the order they were recorded, across every relay and slot;
+    a receiver of several event classes (``AnyEvent``) keeps one order over all of
+    them. ``on_dead="block"`` holds a key's later rows behind a dead one until an
+    operator requeues or cancels it; ``"skip"`` (the default) lets them run.
     """
     # Long only by its signature and the options it hands on, one a line: the public
     # signature names every option (API.md), and ReceiverOptions checks them all.
@@ -422,6 +433,8 @@ def receiver(
         priority=priority,
         rate_limit=rate_limit,
         concurrency_limit=concurrency_limit,
+        ordered_by=ordered_by,
+        on_dead=on_dead,
     )
 
     def declare(func: F) -> F:
@@ -476,6 +489,8 @@ def _registered_receiver(
         priority=o.priority,
         rate_limit=o.rate_limit,
         concurrency_limit=o.concurrency_limit,
+        ordered_by=o.ordered_by,
+        on_dead=o.on_dead,
     )
 
 

@@ -36,6 +36,7 @@ from .declare import (
     Retention,
     registry,
 )
+from .delivery import ordering
 from .delivery.outcomes import DeliveryContext, receiver_lifetime_end
 from .delivery.passes import default_worker_id, deliver_one
 from .delivery.run import call_receiver, refuse_awaitable
@@ -134,6 +135,9 @@ def _record(
     # statement on PostgreSQL. targets= and due= callables run once the event row exists,
     # as they always have: they are given its id, and a duplicate must not run them.
     rows = [] if plan.calls_user_code else _delivery_rows(record, evt, durable, expires_at)
+    if plan.calls_user_code:  # the keys' errors before anything is written
+        for receiver in durable:
+            ordering.order_key(receiver, evt)
     with transaction.atomic(using=alias, savepoint=False):
         existing, eager_ids = _insert_event(alias, record, rows, plan.eager_keys)
         if existing is not None:
@@ -420,6 +424,7 @@ def delivery_record(event_id: int, row: Row) -> DeliveryRecord:
         expires_at=row.expires_at,
         priority_credit=row.priority_credit,
         claim_rank=row.claim_rank,
+        order_key=row.order_key,
     )
 
 
@@ -505,6 +510,7 @@ def _delivery_rows(
         if message_expiry is not None:
             expires_at = message_expiry if expires_at is None else min(expires_at, message_expiry)
         credit = priority.credit(receiver.priority)
+        key = ordering.order_key(receiver, evt)
         for target in resolve_targets(record, evt, receiver):
             rows.append(
                 Row(
@@ -515,6 +521,7 @@ def _delivery_rows(
                     expires_at,
                     credit,
                     priority.rank(due_at) - credit,
+                    key,
                 )
             )
     return rows

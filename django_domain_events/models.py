@@ -64,6 +64,12 @@ class TightSubstr(Substr):
     arg_joiner = ","
 
 
+#: The longest ordering key (``@receiver(ordered_by=)``) a row stores.
+ORDER_KEY_LENGTH = 200
+
+# The statuses that hold an ordered key's later rows: owed, and dead (under on_dead="block").
+UNENDED_VALUES = (*OWED_VALUES, DeliveryStatus.DEAD.value)
+
 #: The longest ``error_type`` kept: a class name, or the start of a message without one.
 ERROR_TYPE_CHARS = 100
 
@@ -194,6 +200,8 @@ class DeliveryRecord(models.Model):
     # took it alone (a task). A takeover charges an attempt only to the row that was running.
     claim_position = models.PositiveIntegerField(default=0, db_default=0)
     last_error = models.TextField(blank=True, default="")
+    # An ordered receiver's key (str of ordered_by(evt)); null for every other row.
+    order_key = models.CharField(max_length=ORDER_KEY_LENGTH, null=True, blank=True)  # noqa: DJ001
     completed_at = models.DateTimeField(null=True, blank=True)
     succeeded_at = models.DateTimeField(null=True, blank=True)
     # ``last_error`` up to its first ':' (``ValueError``, ``expired``): what the dashboard
@@ -293,6 +301,20 @@ class DeliveryRecord(models.Model):
                 where=Q(completed_at__isnull=False),
                 fallback=["completed_at", "status"],
                 covering=["status"],
+            ),
+            # An ordered key's unended rows in firing order: is a row its key's head?
+            PartialIndex(
+                fields=["receiver_key", "order_key", "id"],
+                name="dde_delivery_order",
+                where=Q(order_key__isnull=False, status__in=UNENDED_VALUES),
+                fallback=["status", "receiver_key", "order_key", "id"],
+            ),
+            # An ordered key's claimed rows: is another row of the key running?
+            PartialIndex(
+                fields=["receiver_key", "order_key"],
+                name="dde_delivery_order_claimed",
+                where=Q(order_key__isnull=False, status=DeliveryStatus.CLAIMED),
+                fallback=["status", "receiver_key", "order_key"],
             ),
             # Each receiver's newest success, for quiet_receivers(); kept through a replay.
             PartialIndex(

@@ -18,6 +18,7 @@ from django.db.models import QuerySet
 
 from . import clock, conf, priority, tally
 from .declare import RegisteredReceiver, registry
+from .delivery import ordering
 from .delivery.outcomes import receiver_lifetime_end
 from .delivery.ticks import record_skipped, sync_schedules
 from .delivery.wake import wake_after_commit
@@ -230,6 +231,7 @@ def _replay_event(alias: str, record: EventRecord, keys: set[str] | None) -> tup
         (row.receiver_key, row.target): row
         for row in DeliveryRecord.objects.using(alias).filter(event_id=record.pk)
     }
+    succeeded = {pair: row.succeeded_at for pair, row in existing.items()}
     for declared in registry.receivers_for(registered.event_class):
         if not declared.durable or (keys is not None and declared.key not in keys):
             continue
@@ -237,6 +239,8 @@ def _replay_event(alias: str, record: EventRecord, keys: set[str] | None) -> tup
         fresh = []
         for target in resolve_targets(record, evt, declared):
             row = existing.get((declared.key, target))
+            if row is not None and declared.ordered_by is not None and row.status in REOPENABLE:
+                row = _moved_to_the_end(alias, row)  # replay appends to the key's order
             if row is None:
                 fresh.append(
                     DeliveryRecord(
@@ -246,6 +250,8 @@ def _replay_event(alias: str, record: EventRecord, keys: set[str] | None) -> tup
                         max_attempts=declared.max_attempts,
                         **_reopened(declared, due_at),
                         **_ranked(declared, due_at),
+                        order_key=ordering.order_key(declared, evt),
+                        succeeded_at=succeeded.get((declared.key, target)),
                     )
                 )
             elif row.status in REOPENABLE and (
@@ -260,6 +266,12 @@ def _replay_event(alias: str, record: EventRecord, keys: set[str] | None) -> tup
         entered += [(declared.key, due_at)] * len(fresh)
     tally.record(alias, entered=entered)
     return reopened, added
+
+
+def _moved_to_the_end(alias: str, row: DeliveryRecord) -> None:
+    """Delete a settled row of an ordered receiver, so its replay is written as a new row
+    (a larger id: the end of its key's order) rather than reopened at its old place."""
+    DeliveryRecord.objects.using(alias).filter(pk=row.pk, status=row.status).delete()
 
 
 # requeue and dead letters -------------------------------------------------------

@@ -26,6 +26,7 @@ class Row(NamedTuple):
     expires_at: datetime | None
     priority_credit: int = 0  # priority.credit of the receiver's priority
     claim_rank: int = 0  # priority.rank(due_at) - priority_credit
+    order_key: str | None = None  # the ordered receiver's key (delivery/ordering.py)
 
 
 class PgInsert:
@@ -73,6 +74,7 @@ class PgInsert:
             "expires_at": "v.expires_at",
             "priority_credit": "v.priority_credit",
             "claim_rank": "v.claim_rank",
+            "order_key": "v.order_key",
         }
         columns, select, self.defaults = [], [], []
         for f in DeliveryRecord._meta.concrete_fields:

@@ -86,6 +86,8 @@ class ReceiverOptions:
     priority: int = field(default=0, metadata=_ROW)
     rate_limit: str | None = field(default=None, metadata=_ROW)
     concurrency_limit: int | None = field(default=None, metadata=_ROW)
+    ordered_by: Callable[[Any], str | int] | None = field(default=None, metadata=_ROW)
+    on_dead: str = field(default="skip", metadata=_ROW)
 
     def __post_init__(self) -> None:
         self._check_mode()
@@ -129,6 +131,7 @@ class ReceiverOptions:
             self._check_due,
             self._check_priority,
             self._check_limits,
+            self._check_ordering,
         )
 
     def _check_mode(self) -> None:
@@ -266,6 +269,20 @@ class ReceiverOptions:
             raise ValueError(
                 f"@receiver(concurrency_limit=) must be an int >= 1 (at most that many rows "
                 f"running at once, across every relay) or None, not {value!r}."
+            )
+
+    def _check_ordering(self) -> None:
+        if self.ordered_by is not None:
+            _sync_callable(self.ordered_by, "ordered_by")
+        if self.on_dead not in ("skip", "block"):
+            raise ValueError(
+                f"@receiver(on_dead=) must be 'skip' (a dead row lets its key's later rows "
+                f"run) or 'block' (it holds them until an operator acts), not {self.on_dead!r}."
+            )
+        if self.on_dead == "block" and self.ordered_by is None:
+            raise ValueError(
+                "@receiver(on_dead='block') holds a key's later rows behind a dead one, and "
+                "this receiver has no key: add ordered_by=lambda evt: ..., or drop on_dead."
             )
 
 

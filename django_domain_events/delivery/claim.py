@@ -37,7 +37,7 @@ from ..models import (
     EventRecord,
     database_alias,
 )
-from . import limits
+from . import limits, ordering
 from .lapse import KEPT_SQL, ROW_COLUMNS, keep_count, running_ids, running_sql
 
 
@@ -356,6 +356,9 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         params["ids"] = list(args.ids)
     connection = connections[alias]
     delivery = connection.ops.quote_name(_table(DeliveryRecord))
+    if ordering.in_use():
+        filters.append("AND " + ordering.head_sql(delivery, delivery))
+        params["blocking"] = list(ordering.blocking_keys())
     old_claim = ("p.was_status", "p.was_position", "p.was_by", "p.was_at", "p.receiver_key")
     sql = _POSTGRESQL_CLAIM.format(
         delivery=delivery,
@@ -438,7 +441,7 @@ def event_payload(claim: Claim) -> Any:
     return parse_json(text)
 
 
-def _owed_rows(alias: str, args: _ClaimArgs) -> Any:
+def _owed_rows(alias: str, args: _ClaimArgs, *, heads: bool = True) -> Any:
     due = Q(available_at__lte=args.now)
     if args.ignore_backoff:
         due |= Q(status=DeliveryStatus.FAILED, due_at__lte=args.now)
@@ -457,14 +460,13 @@ def _owed_rows(alias: str, args: _ClaimArgs) -> Any:
         rows = rows.exclude(id__in=args.exclude)
     if args.ids is not None:
         rows = rows.filter(id__in=args.ids)
+    if heads and ordering.in_use():
+        rows = rows.filter(ordering.head_q(alias))
     return rows.order_by("claim_rank", "id")
 
 
 def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
-    owed = _owed_rows(alias, args)
-    if connections[alias].features.has_select_for_update_skip_locked:
-        owed = owed.select_for_update(skip_locked=True)
-    picked = list(owed.values_list(*_PICKED_FIELDS)[: args.limit])
+    picked = _pick(alias, args)
     if not picked:
         return []
     lapsed = [row[0] for row in picked if row[1] == DeliveryStatus.CLAIMED]
@@ -481,7 +483,8 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
     }
     # The owed condition again: on SQLite a second process may have claimed in between.
     # attempts first: MySQL evaluates assignments left to right, on the new values.
-    _owed_rows(alias, replace(args, ids=ids)).update(
+    mysql = connections[alias].vendor == "mysql"  # cannot read the table it updates
+    _owed_rows(alias, replace(args, ids=ids), heads=not mysql).update(
         attempts=Case(
             When(
                 Q(id__in=charged) & (Q(max_attempts=None) | Q(attempts__lt=F("max_attempts"))),
@@ -503,6 +506,18 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
     order = {pk: index for index, pk in enumerate(ids)}
     held = _held(alias, replace(args, ids=ids), alone_ids)
     return sorted(held, key=lambda claim: order[claim.id])
+
+
+def _pick(alias: str, args: _ClaimArgs) -> list[tuple[Any, ...]]:
+    """The owed rows the portable claim takes, locked where the database can skip locks;
+    MariaDB reads ordered heads unlocked, then locks them by pk (``ordering.py``)."""
+    owed = _owed_rows(alias, args)
+    if not connections[alias].features.has_select_for_update_skip_locked:
+        return list(owed.values_list(*_PICKED_FIELDS)[: args.limit])
+    if ordering.in_use():
+        heads = tuple(owed.values_list("id", flat=True)[: args.limit])
+        owed = _owed_rows(alias, replace(args, ids=heads), heads=False)
+    return list(owed.select_for_update(skip_locked=True).values_list(*_PICKED_FIELDS)[: args.limit])
 
 
 # What the portable claim reads of each picked row, with the pick itself.

@@ -1,0 +1,287 @@
+"""Order per key (``@receiver(ordered_by=)``, ``delivery/ordering.py``): declaring, the
+key stored at fire, the head-only claim on every database, and the operations."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from django_domain_events import (
+    DURABLE,
+    INLINE,
+    AnyEvent,
+    DeliveryStatus,
+    NotYet,
+    cancel_deliveries,
+    fire,
+    receiver,
+    replay_events,
+    requeue_dead,
+)
+from django_domain_events.delivery.claim import claim_batch
+from django_domain_events.delivery.run import attempt
+from django_domain_events.models import DeliveryRecord, EventRecord
+from tests.app.events import OrderPlaced, Pinged
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+KEY = "t.ordered"
+
+
+def ordered(**options: Any) -> list[int]:
+    """Declare the ordered receiver; returns the list its runs append order ids to."""
+    ran: list[int] = []
+    options.setdefault("ordered_by", lambda evt: evt.order_id % 10)
+
+    def run(evt: OrderPlaced) -> None:
+        ran.append(evt.order_id)
+
+    receiver(OrderPlaced, key=KEY, **options)(run)
+    return ran
+
+
+def fire_orders(*order_ids: int) -> list[int]:
+    """Fire one OrderPlaced per id, each in its own transaction; the rows' ids in order."""
+    for order_id in order_ids:
+        with transaction.atomic():
+            fire(OrderPlaced(order_id=order_id))
+    return list(DeliveryRecord.objects.order_by("-id").values_list("id", flat=True))[
+        : len(order_ids)
+    ][::-1]
+
+
+def claim(seconds: float = 0, **options: Any) -> list[Any]:
+    options.setdefault("limit", 50)
+    now = timezone.now() + timedelta(seconds=seconds)
+    return claim_batch(worker_id="w", now=now, lease=30, **options)
+
+
+def run_all(seconds: float = 0) -> list[Any]:
+    """Claim every claimable row and run each; the claims."""
+    claims = claim(seconds)
+    for c in claims:
+        attempt(c, now=timezone.now() + timedelta(seconds=seconds))
+    return claims
+
+
+def status(pk: int) -> str:
+    return DeliveryRecord.objects.get(pk=pk).status
+
+
+# declaring -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "words"),
+    [
+        ({"ordered_by": "order_id"}, TypeError, "ordered_by"),
+        ({"ordered_by": lambda e: 1, "on_dead": "stop"}, ValueError, "'stop'"),
+        ({"on_dead": "block"}, ValueError, "add ordered_by"),
+        ({"ordered_by": lambda e: 1, "mode": INLINE}, ValueError, "DURABLE"),
+    ],
+)
+def test_bad_declarations_are_refused_naming_the_value_and_the_fix(
+    options: dict[str, Any], error: type[Exception], words: str
+) -> None:
+    with pytest.raises(error, match=words):
+        receiver(OrderPlaced, key=KEY, **options)(lambda evt: None)
+
+
+# firing --------------------------------------------------------------------------
+
+
+def test_the_key_is_computed_at_fire_and_stored_as_text() -> None:
+    ordered(ordered_by=lambda evt: evt.order_id)
+    receiver(OrderPlaced, key="t.plain")(lambda evt: None)
+    fire_orders(42)
+    keys = dict(DeliveryRecord.objects.values_list("receiver_key", "order_key"))
+    assert keys == {KEY: "42", "t.plain": None}
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (None, TypeError),
+        (True, TypeError),
+        (1.5, TypeError),
+        ("", ValueError),
+        ("x" * 201, ValueError),
+    ],
+)
+def test_a_bad_key_fails_the_fire_and_writes_nothing(value: object, error: type[Exception]) -> None:
+    ordered(ordered_by=lambda evt: value)
+    with pytest.raises(error, match="ordered_by of receiver 't.ordered'"):
+        with transaction.atomic():
+            fire(OrderPlaced(order_id=1))
+    assert not EventRecord.objects.exists()
+    assert not DeliveryRecord.objects.exists()
+
+
+def test_a_bad_key_fails_before_the_event_row_when_another_receiver_calls_user_code() -> None:
+    ordered(ordered_by=lambda evt: None)
+    receiver(OrderPlaced, key="t.fan", targets=lambda evt: ["a"])(lambda evt: None)
+    with transaction.atomic():  # the caller catches the error and commits
+        with pytest.raises(TypeError):
+            fire(OrderPlaced(order_id=1))
+    assert not EventRecord.objects.exists()
+
+
+# the claim -----------------------------------------------------------------------
+
+
+def test_only_each_keys_head_is_claimed_and_other_keys_are_not_held() -> None:
+    ordered()
+    a1, b1, a2, a3, b2 = fire_orders(1, 2, 11, 21, 12)
+    assert [c.id for c in claim()] == [a1, b1]
+
+
+def test_a_keys_next_row_is_claimable_once_its_head_succeeded() -> None:
+    ran = ordered()
+    fire_orders(1, 11, 21, 2)
+    while run_all():
+        pass
+    assert ran == [1, 2, 11, 21]
+
+
+def test_unordered_rows_are_not_held() -> None:
+    receiver(OrderPlaced, key="t.plain")(lambda evt: None)
+    ordered()
+    fire_orders(1, 11)
+    keys = sorted((c.receiver_key, c.event_id) for c in claim())
+    assert [k for k, _ in keys] == [KEY, "t.plain", "t.plain"]
+
+
+def test_a_failing_head_holds_its_key_while_it_retries() -> None:
+    failures = {1}
+
+    def flaky(evt: OrderPlaced) -> None:
+        if evt.order_id in failures:
+            failures.discard(evt.order_id)
+            raise RuntimeError("down")
+
+    receiver(OrderPlaced, key=KEY, ordered_by=lambda e: "k", backoff_base_seconds=60)(flaky)
+    head, second = fire_orders(1, 2)
+    assert [c.id for c in run_all()] == [head]
+    assert status(head) == DeliveryStatus.FAILED
+    assert claim() == []  # its backoff has not passed, and the second waits behind it
+    assert [c.id for c in run_all(3600)] == [head]
+    assert [c.id for c in run_all(3600)] == [second]
+
+
+def test_a_claimed_head_holds_its_key_and_a_lapsed_one_is_taken_over_first() -> None:
+    ordered(ordered_by=lambda e: "k")
+    head, _ = fire_orders(1, 2)
+    assert [c.id for c in claim()] == [head]
+    assert claim() == []
+    assert [c.id for c in claim(31)] == [head]
+
+
+def test_a_batch_never_holds_two_rows_of_one_key() -> None:
+    ordered(ordered_by=lambda e: e.order_id % 3)
+    fire_orders(*range(30))
+    claims = claim(limit=30, at_once=True)
+    assert len(claims) == 3
+
+
+def test_not_yet_and_a_future_due_head_hold_the_key() -> None:
+    def later(evt: OrderPlaced) -> None:
+        if evt.order_id == 1:
+            raise NotYet(until=timezone.now() + timedelta(hours=1))
+
+    receiver(OrderPlaced, key=KEY, ordered_by=lambda e: "k")(later)
+    head, second = fire_orders(1, 2)
+    assert [c.id for c in run_all()] == [head]
+    assert claim(60) == []
+    assert [c.id for c in claim(3601)] == [head]
+
+
+def test_a_due_head_holds_the_rows_fired_after_it() -> None:
+    receiver(OrderPlaced, key=KEY, ordered_by=lambda e: "k", due=timedelta(hours=1))(
+        lambda evt: None
+    )
+    fire_orders(1)
+    assert claim() == []
+
+
+@pytest.mark.parametrize("on_dead", ["skip", "block"])
+def test_a_dead_head_releases_its_key_under_skip_and_holds_it_under_block(on_dead: str) -> None:
+    def dies(evt: OrderPlaced) -> None:
+        if evt.order_id == 1:
+            raise RuntimeError("boom")
+
+    receiver(OrderPlaced, key=KEY, ordered_by=lambda e: "k", max_attempts=1, on_dead=on_dead)(dies)
+    head, second = fire_orders(1, 2)
+    run_all()
+    assert status(head) == DeliveryStatus.DEAD
+    assert [c.id for c in claim()] == ([second] if on_dead == "skip" else [])
+
+
+def test_an_any_event_receiver_keeps_one_order_across_event_classes() -> None:
+    seen: list[str] = []
+    receiver(AnyEvent, key=KEY, ordered_by=lambda e: "one", mode=DURABLE)(
+        lambda evt: seen.append(type(evt).__name__)
+    )
+    with transaction.atomic():
+        fire(OrderPlaced(order_id=1))
+        fire(Pinged())
+        fire(OrderPlaced(order_id=2))
+    while len(run_all()) == 1:
+        pass
+    assert seen == ["OrderPlaced", "Pinged", "OrderPlaced"]
+
+
+# operations ------------------------------------------------------------------------
+
+
+def test_replay_appends_to_the_keys_order() -> None:
+    ran = ordered(ordered_by=lambda e: "k")
+    fire_orders(1)
+    run_all()
+    first_event = EventRecord.objects.get().pk
+    fire_orders(2)
+    replay_events([first_event])
+    rows = list(DeliveryRecord.objects.order_by("id").values_list("event_id", "order_key"))
+    assert rows[-1] == (first_event, "k")  # the replay is the key's newest row
+    while run_all():
+        pass
+    assert ran == [1, 2, 1]
+
+
+def test_requeue_of_a_dead_row_keeps_its_place_under_block() -> None:
+    ran: list[int] = []
+    fail = {1}
+
+    def dies(evt: OrderPlaced) -> None:
+        if evt.order_id in fail:
+            raise RuntimeError("boom")
+        ran.append(evt.order_id)
+
+    receiver(OrderPlaced, key=KEY, ordered_by=lambda e: "k", max_attempts=1, on_dead="block")(dies)
+    head, second = fire_orders(1, 2)
+    run_all()
+    fail.clear()
+    assert requeue_dead(delivery_ids=[head]) == 1
+    assert [c.id for c in claim()] == [head]
+
+
+def test_a_requeued_row_waits_for_its_keys_running_row_under_skip() -> None:
+    receiver(OrderPlaced, key=KEY, ordered_by=lambda e: "k", max_attempts=1)(
+        lambda evt: (_ for _ in ()).throw(RuntimeError("x")) if evt.order_id == 1 else None
+    )
+    head, second = fire_orders(1, 2)
+    run_all()
+    assert [c.id for c in claim()] == [second]  # the dead head is skipped
+    requeue_dead(delivery_ids=[head])
+    assert claim() == []  # the second is running: the requeued head waits for it
+
+
+def test_cancelling_a_head_releases_its_key() -> None:
+    ordered(ordered_by=lambda e: "k", due=timedelta(hours=1))
+    fire_orders(1, 2)
+    first, _ = EventRecord.objects.order_by("id").values_list("id", flat=True)
+    cancel_deliveries([first])
+    assert [c.event_id for c in claim(3601)] == [first + 1]
