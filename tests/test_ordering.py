@@ -114,9 +114,8 @@ def test_the_key_is_computed_at_fire_and_stored_as_text() -> None:
 )
 def test_a_bad_key_fails_the_fire_and_writes_nothing(value: object, error: type[Exception]) -> None:
     ordered(ordered_by=lambda evt: value)
-    with pytest.raises(error, match="ordered_by of receiver 't.ordered'"):
-        with transaction.atomic():
-            fire(OrderPlaced(order_id=1))
+    with pytest.raises(error, match="ordered_by of receiver 't.ordered'"), transaction.atomic():
+        fire(OrderPlaced(order_id=1))
     assert not EventRecord.objects.exists()
     assert not DeliveryRecord.objects.exists()
 

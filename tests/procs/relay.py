@@ -12,7 +12,8 @@ DDE_RECEIVERS=crash_or_log only the receiver that ends its process on one row
 ack="batch", DDE_RECEIVERS=with_failing
 adds an always failing receiver on the mail lane (declare_failing), DDE_RECEIVERS=limited
 a limited receiver and a free one (declare_limited, with DDE_RATE_LIMIT and
-DDE_CONCURRENCY_LIMIT); DDE_SPANS_FILE, when
+DDE_CONCURRENCY_LIMIT), DDE_RECEIVERS=ordered the ordered receiver (tests.procs.ordered);
+DDE_SPANS_FILE, when
 set, turns contrib.opentelemetry on and writes the spans there as JSON lines.
 
 For the recurring schedules (tests.procs.recurring): DDE_RECEIVERS=report declares only
@@ -81,6 +82,10 @@ elif os.environ.get("DDE_RECEIVERS") == "batch_run_log":
     declare_batch_run_logger()
 elif os.environ.get("DDE_RECEIVERS") == "crash_or_log":
     declare_crash_or_log()
+elif os.environ.get("DDE_RECEIVERS") == "ordered":
+    from tests.procs.ordered import declare_ordered
+
+    declare_ordered()
 else:
     declare_all()
 if os.environ.get("DDE_RECEIVERS") == "with_failing":
