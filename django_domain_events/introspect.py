@@ -12,7 +12,7 @@ from django.db.models import Case, Count, Min, OuterRef, Subquery, When
 
 from . import clock, conf
 from .declare import AnyEvent, RegisteredEvent, RegisteredReceiver, registry
-from .delivery import limits
+from .delivery import limits, ordering
 from .models import (
     OWED_VALUES,
     STATUS_SQL,
@@ -253,6 +253,8 @@ class OutboxHealth:
     schedules: tuple[ScheduleStatus, ...] = ()
     undeclared: int = 0  # owed rows of receivers not declared by this relay (see above)
     limits: tuple[LimitStatus, ...] = ()  # the declared rate and concurrency limits
+    # Ordered keys whose later rows wait behind a head that cannot run now (ordering.py).
+    held_keys: tuple[ordering.HeldKey, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -373,7 +375,11 @@ def outbox_health(*, now: datetime | None = None) -> OutboxHealth:
     ticking = schedule_status(now=moment) if schedules.keys() else ()
     health = _assemble(tallies, pauses, lapsed, ticking)
     waiting = {key: t.owed - t.claimed for key, t in tallies.items()}
-    return replace(health, limits=limit_status(alias, moment, waiting))
+    return replace(
+        health,
+        limits=limit_status(alias, moment, waiting),
+        held_keys=ordering.held_keys(alias, moment),
+    )
 
 
 _OWED_BEFORE_SQL = """

