@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from django_domain_events import (
@@ -315,3 +315,44 @@ def test_health_and_events_status_show_each_held_key_and_its_head(on_dead: str) 
     out = StringIO()
     call_command("events_status", stdout=out)
     assert "held key t.retrying 'r': by delivery" in out.getvalue()
+
+
+# the plan ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's plan")
+def test_the_claim_reads_the_partial_indexes_not_the_settled_history() -> None:
+    """50,000 settled rows of the ordered receiver and a hot key's backlog of 2,000:
+    the claim's plan reads the partial indexes, never a sequential scan of the table."""
+    ordered(ordered_by=lambda e: "hot" if e.order_id < 2 else str(e.order_id))
+    fire_orders(0, 1, 2)
+    delivery = DeliveryRecord._meta.db_table
+    event_id = EventRecord.objects.earliest("id").pk
+    copy = (
+        f"INSERT INTO {delivery} (event_id, receiver_key, target, status, attempts, "
+        "available_at, claim_rank, priority_credit, due_at, claimed_by, claim_position, "
+        "last_error, order_key) SELECT %s, %s, 'x' || n, %s, 0, now(), 0, 0, now(), '', 0, '', "
+        "%s || (n %% %s) FROM generate_series(1, %s) AS n"
+    )
+    statements: list[tuple[str, object]] = []
+
+    def record(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.cursor() as cursor:
+        cursor.execute(copy, [event_id, KEY, "succeeded", "k", 1000, 50_000])
+        cursor.execute(
+            copy.replace("'x' || n", "'y' || n"), [event_id, KEY, "pending", "hot", 1, 2000]
+        )
+        cursor.execute(f"ANALYZE {delivery}")
+    with transaction.atomic():
+        with connection.execute_wrapper(record):
+            claim_batch(worker_id="w", now=timezone.now(), lease=60, limit=5)
+        claim_sql, params = next(s for s in statements if "SKIP LOCKED" in s[0])
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN " + claim_sql, params)
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    assert "dde_delivery_order" in plan, plan
+    assert f"Seq Scan on {delivery}" not in plan, plan
