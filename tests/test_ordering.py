@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
+from django.urls import reverse
 from django.utils import timezone
 
 from django_domain_events import (
@@ -356,3 +357,13 @@ def test_the_claim_reads_the_partial_indexes_not_the_settled_history() -> None:
         transaction.set_rollback(True)
     assert "dde_delivery_order" in plan, plan
     assert f"Seq Scan on {delivery}" not in plan, plan
+
+
+def test_the_admin_lists_and_filters_deliveries_by_order_key(admin_client: Any) -> None:
+    ordered(ordered_by=lambda e: f"order-{e.order_id}")
+    fire_orders(1, 2)
+    url = reverse("admin:django_domain_events_deliveryrecord_changelist")
+    page = admin_client.get(url).content.decode()
+    assert "order-1" in page and "order-2" in page
+    only = admin_client.get(url, {"order_key": "order-2"}).content.decode()
+    assert "order-2" in only and "order-1</td>" not in only

@@ -23,6 +23,7 @@ from .filters import (
     DeliveryEventNameFilter,
     ErrorTypeFilter,
     LaneFilter,
+    OrderKeyFilter,
     ReceiverKeyFilter,
     TimeRangeFilter,
 )
@@ -64,22 +65,26 @@ _RETRY = _Act(
 class DeliveryRecordAdmin(ReadOnly, DeliveryColumns, _DeliveryAdminBase):
     """Every delivery row, newest first, with the actions on dead, failed and owed rows."""
 
-    list_display = ("id", "event_link", *DeliveryColumns.COLUMNS)
+    list_display = ("id", "event_link", *DeliveryColumns.COLUMNS, "order_key")
     list_filter = (
         "status",
         ReceiverKeyFilter,
         LaneFilter,
         DeliveryEventNameFilter,
         ErrorTypeFilter,
+        OrderKeyFilter,
         TimeRangeFilter,
     )
     list_select_related = ("event",)
-    search_fields = ("receiver_key", "target", "last_error")
+    search_fields = ("receiver_key", "target", "order_key", "last_error")
     ordering = ("-id",)
     show_full_result_count = False
     actions = ("requeue_selected_dead", "retry_selected_now", "cancel_selected_deliveries")
     fieldsets = (
-        (None, {"fields": ("id", "event_link", "receiver_key", "target", "status_badge")}),
+        (
+            None,
+            {"fields": ("id", "event_link", "receiver_key", "target", "order_key", "status_badge")},
+        ),
         (
             "Attempts",
             {"fields": ("attempts", "max_attempts", "error_type", "last_error_full")},

@@ -20,7 +20,14 @@ from django.http import HttpRequest
 
 from .. import clock
 from ..declare import registry
-from ..models import OWED_VALUES, DeliveryRecord, DeliveryStatus, EventRecord, ScheduleRecord
+from ..models import (
+    OWED_VALUES,
+    UNENDED_VALUES,
+    DeliveryRecord,
+    DeliveryStatus,
+    EventRecord,
+    ScheduleRecord,
+)
 from ..recurrence import schedules
 from .display import when
 
@@ -113,6 +120,31 @@ class LaneFilter(admin.SimpleListFilter):
             return queryset
         keys = registry.lanes().get(value, ())
         return queryset.filter(receiver_key__in=keys)
+
+
+class OrderKeyFilter(_TextFilter):
+    """An ordered receiver's key (``ordered_by=``): the keys with rows still unended,
+    from their index; any other key still filters by URL."""
+
+    title = "order key"
+    parameter_name = "order_key"
+    shown = 50
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        keys = (
+            DeliveryRecord.objects.using(router.db_for_read(DeliveryRecord))
+            .filter(order_key__isnull=False, status__in=UNENDED_VALUES)
+            .values_list("order_key", flat=True)
+            .distinct()
+            .order_by("order_key")
+        )
+        return [(key, key) for key in keys[: self.shown] if key is not None]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value is None:
+            return queryset
+        return queryset.filter(order_key=value)
 
 
 class ErrorTypeFilter(_TextFilter):
