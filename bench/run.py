@@ -45,6 +45,9 @@ BROKER_BATCH = 500  # section 14: rows per claimed batch, and messages per raw b
 
 FULL_SIZES = {
     "priority_seconds": 30,  # section 15: how long the saturating stream runs
+    "ordering_rows": 10_000,  # section 16: no-op rows, ordered and unordered, two rounds
+    "ordering_slow_rows": 800,  # ... rows of the 50 ms receiver, --concurrency 16
+    "ordering_hot_rows": 60,  # ... rows of one hot key (3 s at 50 ms each)
     # 11,000 events in all: at ~3-6 ms a commit on this machine, 20,000 would not fit the
     # three-minute budget next to the two 20,000-row drains.
     "fire_a": 5_000,
@@ -75,6 +78,8 @@ FULL_SIZES = {
 # --quick divides every size by ten, but never below these.
 QUICK_FLOOR = {
     "priority_seconds": 10,
+    "ordering_slow_rows": 160,
+    "ordering_hot_rows": 20,
     "relay_unpaced": 4,
     "relay_rounds": 2,
     "reps": 10,
@@ -789,6 +794,46 @@ def section_priority(measure: Any, sizes: dict[str, int], summary: Summary, note
     measure.reset_tables()
 
 
+def section_ordering(measure: Any, sizes: dict[str, int], summary: Summary, note: str) -> None:
+    """Ordered against unordered receivers: one relay, --concurrency 16, one hot key."""
+    from bench import measure_ordering as order
+
+    rows, slow = sizes["ordering_rows"], sizes["ordering_slow_rows"]
+    print(
+        f"== 16. order per key: {rows:,} rows over {order.KEYS:,} keys on one relay, "
+        f"{slow:,} rows of a 50 ms receiver with --concurrency 16, and one hot key{note}"
+    )
+    measure.reset_tables()
+    try:
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        for ordered in (False, True, False, True):
+            rates[ordered].append(order.one_relay(rows // 2, ordered).per_second)
+        _ordering_line(summary, "one relay", max(rates[True]), max(rates[False]))
+        wide = {ordered: order.concurrent(slow, ordered)[0] for ordered in (False, True)}
+        _ordering_line(
+            summary, "--concurrency 16, 50 ms", wide[True].per_second, wide[False].per_second
+        )
+        hot, cpu = order.concurrent(sizes["ordering_hot_rows"], True, keys=1)
+        print(
+            f"one hot key, --concurrency 16, 50 ms: {hot.per_second:.1f} rows/s (at most 20: "
+            f"one at a time), relay CPU {cpu:.3f} s per second while the other slots wait"
+        )
+        summary.append(("ordered, one hot key: relay CPU", f"{cpu:.3f} s/s", "report", ""))
+    finally:
+        order.forget()
+    measure.reset_tables()
+
+
+def _ordering_line(summary: Summary, case: str, ordered: float, unordered: float) -> None:
+    ratio = ordered / unordered
+    verdict = verdict_of(ratio >= 0.8)
+    print(
+        f"{case}: ordered {ordered:,.0f} rows/s, unordered {unordered:,.0f} rows/s, "
+        f"ratio {ratio:.2f}: {verdict}"
+    )
+    summary.append((f"ordered / unordered, {case}", f"{ratio:.2f}", ">= 0.8", verdict))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the sizes")
@@ -809,10 +854,11 @@ def main(argv: list[str] | None = None) -> int:
             "dashboard",
             "brokers",
             "priority",
+            "ordering",
         ],
         help="run one part: fire (1.), delivery (2. and 3.), breakdown (4.), relay (5.), "
         "claim (6.), scheduled (7.), memory (8.), concurrency (9.), group (10.), "
-        "fire_overhead (11.), dashboard (13.), brokers (14.) or priority (15.)",
+        "fire_overhead (11.), dashboard (13.), brokers (14.), priority (15.) or ordering (16.)",
     )
     args = parser.parse_args(argv)
     scale = 10 if args.quick else 1
@@ -860,6 +906,8 @@ def main(argv: list[str] | None = None) -> int:
         section_brokers(sizes, summary, note)
     if args.only in (None, "priority"):
         section_priority(measure, sizes, summary, note)
+    if args.only in (None, "ordering"):
+        section_ordering(measure, sizes, summary, note)
     if args.profile and args.only != "fire_overhead":
         print(f"== 12. cProfile of deliver_pending() over {sizes['profile']:,} rows")
         print(measure.profile_ours(sizes["profile"]))
