@@ -59,9 +59,7 @@ def _timed(drain: Callable[[], object], rows: int) -> Rate:
     began = time.perf_counter()
     drain()
     seconds = time.perf_counter() - began
-    left = DeliveryRecord.objects.filter(receiver_key=KEY).exclude(
-        status=DeliveryStatus.SUCCEEDED
-    )
+    left = DeliveryRecord.objects.filter(receiver_key=KEY).exclude(status=DeliveryStatus.SUCCEEDED)
     if left.exists():
         raise RuntimeError(f"{left.count()} rows were not delivered")
     DeliveryRecord.objects.filter(receiver_key=KEY).delete()

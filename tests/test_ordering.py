@@ -367,3 +367,17 @@ def test_the_admin_lists_and_filters_deliveries_by_order_key(admin_client: Any) 
     assert "order-1" in page and "order-2" in page
     only = admin_client.get(url, {"order_key": "order-2"}).content.decode()
     assert "order-2" in only and "order-1</td>" not in only
+
+
+def test_the_dashboard_lists_held_keys_linked_to_their_rows(admin_client: Any) -> None:
+    receiver(OrderPlaced, key=KEY, ordered_by=lambda e: "k", retry=Constant(600))(
+        lambda evt: (_ for _ in ()).throw(RuntimeError("x"))
+    )
+    head, _ = fire_orders(1, 2)
+    run_all()
+    page = admin_client.get(
+        reverse("admin:django_domain_events_deliveryrecord_dashboard")
+    ).content.decode()
+    assert 'id="dde-held-keys"' in page
+    assert f'<td class="dde-n">{head}</td>' in page and "retrying" in page
+    assert "receiver=t.ordered&amp;order_key=k" in page

@@ -135,6 +135,21 @@ def _lanes(data: Dashboard, links: _Links) -> list[dict[str, Any]]:
     ]
 
 
+def _held_keys(data: Dashboard, links: _Links) -> list[dict[str, Any]]:
+    """Ordered keys held behind a head that cannot run, each linked to its rows."""
+    return [
+        {
+            "receiver": held.receiver_key,
+            "key": held.order_key,
+            "head": held.delivery_id,
+            "why": held.why,
+            "waiting": held.waiting,
+            "url": links.url(receiver=held.receiver_key, order_key=held.order_key),
+        }
+        for held in data.health.held_keys
+    ]
+
+
 def _minutes_chart(data: Dashboard, links: _Links) -> dict[str, Any]:
     """Deliveries per minute over the last hour: succeeded, failed and dead stacked."""
     url = links.url
@@ -246,6 +261,7 @@ def dashboard_context(data: Dashboard, site_name: str) -> dict[str, Any]:
         "oldest_url": links.url(**links.owed, o="due_at"),
         "receivers": _receivers(data, links),
         "lanes": _lanes(data, links),
+        "held_keys": _held_keys(data, links),
         "charts": {chart["name"]: chart for chart in charts},
         "chart_list": charts,
         "scheduled_later": data.scheduled_later,
