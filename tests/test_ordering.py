@@ -4,6 +4,7 @@ key stored at fire, the head-only claim on every database, and the operations.""
 from __future__ import annotations
 
 import contextlib
+import json
 from datetime import timedelta
 from io import StringIO
 from typing import Any
@@ -24,6 +25,7 @@ from django_domain_events import (
     cancel_deliveries,
     fire,
     outbox_health,
+    prune_events,
     receiver,
     replay_events,
     requeue_dead,
@@ -381,3 +383,25 @@ def test_the_dashboard_lists_held_keys_linked_to_their_rows(admin_client: Any) -
     assert 'id="dde-held-keys"' in page
     assert f'<td class="dde-n">{head}</td>' in page and "retrying" in page
     assert "receiver=t.ordered&amp;order_key=k" in page
+
+
+def test_prune_takes_only_settled_events_and_leaves_the_key_to_its_next_row() -> None:
+    ran = ordered(ordered_by=lambda e: "k", due=timedelta(minutes=1))
+    fire_orders(1, 2)
+    assert [c.event_id for c in run_all(61)] == [EventRecord.objects.earliest("id").pk]
+    assert prune_events(timedelta(0), now=timezone.now() + timedelta(days=1)) == 1
+    assert EventRecord.objects.count() == 1
+    run_all(61)
+    assert ran == [1, 2]
+
+
+def test_events_status_json_carries_the_held_keys() -> None:
+    receiver(OrderPlaced, key=KEY, ordered_by=lambda e: "k", retry=Constant(600))(
+        lambda evt: (_ for _ in ()).throw(RuntimeError("x"))
+    )
+    head, _ = fire_orders(1, 2)
+    run_all()
+    out = StringIO()
+    call_command("events_status", "--format", "json", stdout=out)
+    (held,) = json.loads(out.getvalue())["held_keys"]
+    assert (held["delivery_id"], held["order_key"], held["why"]) == (head, "k", "retrying")
