@@ -405,3 +405,19 @@ def test_events_status_json_carries_the_held_keys() -> None:
     call_command("events_status", "--format", "json", stdout=out)
     (held,) = json.loads(out.getvalue())["held_keys"]
     assert (held["delivery_id"], held["order_key"], held["why"]) == (head, "k", "retrying")
+
+
+def test_an_eager_attempt_leaves_a_row_that_is_not_its_keys_head_to_the_relay() -> None:
+    ran: list[int] = []
+
+    def first_fails(evt: OrderPlaced) -> None:
+        if evt.order_id == 1:
+            raise RuntimeError("down")
+        ran.append(evt.order_id)
+
+    receiver(OrderPlaced, key=KEY, ordered_by=lambda e: "k", eager=True, retry=Constant(600))(
+        first_fails
+    )
+    head, second = fire_orders(1, 2)
+    assert ran == []  # the second's eager attempt found its key held by the first
+    assert (status(head), status(second)) == (DeliveryStatus.FAILED, DeliveryStatus.PENDING)
