@@ -421,3 +421,16 @@ def test_an_eager_attempt_leaves_a_row_that_is_not_its_keys_head_to_the_relay() 
     head, second = fire_orders(1, 2)
     assert ran == []  # the second's eager attempt found its key held by the first
     assert (status(head), status(second)) == (DeliveryStatus.FAILED, DeliveryStatus.PENDING)
+
+
+def test_an_ack_batch_receiver_runs_each_key_in_order() -> None:
+    """Its claims hold one row of each key (see test_a_batch_never_holds_two_rows_of_one_key),
+    so a group acknowledged in one commit never holds two of one key."""
+    from django_domain_events import deliver_pending
+
+    ran = ordered(ordered_by=lambda e: e.order_id % 2, ack="batch")
+    fire_orders(*range(8))
+    deliver_pending(batch_size=10)
+    assert [n for n in ran if n % 2 == 0] == [0, 2, 4, 6]
+    assert [n for n in ran if n % 2] == [1, 3, 5, 7]
+    assert not DeliveryRecord.objects.exclude(status="succeeded").exists()
