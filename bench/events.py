@@ -88,3 +88,59 @@ class Trickle:
     """The low-priority trickle of section 15 (its receiver is declared there)."""
 
     n: int
+
+
+# Section 16: a receiver limited to 50/s and an unlimited one, in one lane. -------------
+
+METERED_KEY, UNMETERED_KEY, PACED_KEY = "bench.metered", "bench.unmetered", "bench.paced"
+METERED_RATE = "50/s"
+
+
+@event
+@dataclass(frozen=True)
+class Metered:
+    """Work for a receiver limited to ``METERED_RATE`` (an SMS gateway's quota)."""
+
+    n: int
+
+
+@event
+@dataclass(frozen=True)
+class Unmetered:
+    """Work for an unlimited receiver in the same lane as the metered one."""
+
+    n: int
+
+
+def _log_interval(key: str, start: float) -> None:
+    """Append ``key start end`` to DDE_BENCH_LIMITS_LOG: each run's interval."""
+    path = os.environ.get("DDE_BENCH_LIMITS_LOG")
+    if path:
+        with open(path, "a") as log:
+            log.write(f"{key} {start:.6f} {time.time():.6f}\n")
+
+
+@receiver(Metered, key=METERED_KEY, lane="metered", rate_limit=METERED_RATE)
+def metered(evt: Metered) -> None:
+    """Does nothing but log when it ran: what is measured is the limit around it."""
+    _log_interval(METERED_KEY, time.time())
+
+
+@receiver(Unmetered, key=UNMETERED_KEY, lane="metered")
+def unmetered(evt: Unmetered) -> None:
+    """Does nothing but log when it ran."""
+    _log_interval(UNMETERED_KEY, time.time())
+
+
+@event
+@dataclass(frozen=True)
+class Paced:
+    """The control of section 16: fired at the metered rate, to an unlimited receiver."""
+
+    n: int
+
+
+@receiver(Paced, key=PACED_KEY, lane="metered")
+def paced(evt: Paced) -> None:
+    """Does nothing but log when it ran: the same work as the metered rows, no limit."""
+    _log_interval(PACED_KEY, time.time())

@@ -5,7 +5,7 @@
     .venv/bin/python bench/run.py --profile  also cProfile a 2,000-row drain
     .venv/bin/python bench/run.py --only fire|delivery|breakdown|relay|claim|scheduled
     .venv/bin/python bench/run.py --only memory|concurrency|group|fire_overhead [--profile]
-    .venv/bin/python bench/run.py --only dashboard
+    .venv/bin/python bench/run.py --only dashboard|priority|limits
 
 Targets are reported (PASS/MISS), not asserted: the exit status is 0 unless something
 failed (no database, a drain that did not deliver every row, ...).
@@ -41,6 +41,8 @@ TARGET_FAN_OUT_ROW_US = 50.0  # a 50-target fire() over the baseline, per delive
 TARGET_DASHBOARD_MS = 300.0  # the admin dashboard's figures, read and rendered, large table
 TARGET_PUBLISH_RATE = 3_000.0  # events/s published by one relay to RabbitMQ and to NATS
 TARGET_PUBLISH_RATIO = 0.5  # ... over the raw client loop, every broker
+TARGET_UNMETERED_RATIO = 0.9  # an unlimited receiver beside a 50/s one, over it alone
+TARGET_RATE_SPREAD = 5.0  # a 50/s limit: every 10 s window within 50 +- this
 BROKER_BATCH = 500  # section 14: rows per claimed batch, and messages per raw batch
 
 FULL_SIZES = {
@@ -74,6 +76,9 @@ FULL_SIZES = {
     "overhead_rounds": 10,  # section 11: alternating rounds of baseline, 1 receiver, fan-out
     "overhead_calls": 200,  # ... of this many transactions each
     "broker_events": 10_000,  # section 14: events published to each broker
+    "limits_unmetered": 3_000,  # section 17: rows of the unlimited receiver per round ...
+    "limits_metered": 2_000,  # ... and of the 50/s one, fired ahead of them
+    "limits_rounds": 2,  # ... in this many alternating rounds of each case
 }
 # --quick divides every size by ten, but never below these.
 QUICK_FLOOR = {
@@ -90,6 +95,9 @@ QUICK_FLOOR = {
     "overhead_rounds": 4,
     "overhead_calls": 50,
     "broker_events": 2_000,
+    "limits_unmetered": 1_000,
+    "limits_metered": 600,
+    "limits_rounds": 1,
 }
 
 
@@ -834,6 +842,59 @@ def _ordering_line(summary: Summary, case: str, ordered: float, unordered: float
     summary.append((f"ordered / unordered, {case}", f"{ratio:.2f}", ">= 0.8", verdict))
 
 
+def section_limits(sizes: dict[str, int], summary: Summary, note: str) -> None:
+    """A 50/s receiver and an unlimited one in one lane, four relays x --concurrency 8."""
+    from bench import measure_limits as lim
+    from bench.events import METERED_RATE
+
+    free, metered, rounds = (
+        sizes["limits_unmetered"],
+        sizes["limits_metered"],
+        sizes["limits_rounds"],
+    )
+    print(
+        f"== 17. limits: {lim.RELAYS} relays x --concurrency {lim.CONCURRENCY}, lane "
+        f"'metered'; {free:,} rows of an unlimited receiver alone, then behind {metered:,} "
+        f"rows of a {METERED_RATE} receiver fired first; {rounds} alternating rounds{note}"
+    )
+    alone, beside, control, windows = [], [], [], []
+    for _ in range(rounds):
+        alone.append(lim.run_round(free, 0).unmetered_rate)
+        both = lim.run_round(free, metered)
+        beside.append(both.unmetered_rate)
+        windows += both.windows()
+        control.append(lim.run_round(free, 0, paced=50.0).unmetered_rate)
+        print(
+            f"  round: alone {alone[-1]:,.1f}/s, beside the 50/s limit {beside[-1]:,.1f}/s, "
+            f"beside 50/s unlimited {control[-1]:,.1f}/s",
+            flush=True,
+        )
+    ratio = sum(beside) / sum(alone)
+    verdict = verdict_of(ratio >= TARGET_UNMETERED_RATIO)
+    figure("unlimited receiver alone", sum(alone) / rounds, "deliveries/s", ",.1f")
+    figure("... beside the 50/s limited receiver", sum(beside) / rounds, "deliveries/s", ",.1f")
+    figure(
+        "... beside 50/s of unlimited rows (control)", sum(control) / rounds, "deliveries/s", ",.1f"
+    )
+    figure(
+        "ratio beside the limit / alone",
+        ratio,
+        f"target >= {TARGET_UNMETERED_RATIO}: {verdict}",
+        ".2f",
+    )
+    own = sum(beside) / sum(control)
+    figure("ratio beside the limit / beside the control", own, "the limit's own cost", ".2f")
+    summary.append(("unlimited beside 50/s, over alone", f"{ratio:.2f}", ">= 0.9", verdict))
+    summary.append(("... over beside 50/s unlimited", f"{own:.2f}", "(info)", ""))
+    low, high = min(windows, default=0.0), max(windows, default=0.0)
+    held = bool(windows) and low >= 50 - TARGET_RATE_SPREAD and high <= 50 + TARGET_RATE_SPREAD
+    figure("50/s limit, slowest 10 s window", low, "starts/s", ".1f")
+    figure("50/s limit, fastest 10 s window", high, f"starts/s, 50 +- 5: {verdict_of(held)}", ".1f")
+    summary.append(
+        ("50/s limit, 10 s windows", f"{low:.1f}-{high:.1f}/s", "45-55", verdict_of(held))
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the sizes")
@@ -855,10 +916,12 @@ def main(argv: list[str] | None = None) -> int:
             "brokers",
             "priority",
             "ordering",
+            "limits",
         ],
         help="run one part: fire (1.), delivery (2. and 3.), breakdown (4.), relay (5.), "
         "claim (6.), scheduled (7.), memory (8.), concurrency (9.), group (10.), "
-        "fire_overhead (11.), dashboard (13.), brokers (14.), priority (15.) or ordering (16.)",
+        "fire_overhead (11.), dashboard (13.), brokers (14.), priority (15.), ordering (16.) "
+        "or limits (17.)",
     )
     args = parser.parse_args(argv)
     scale = 10 if args.quick else 1
@@ -908,6 +971,8 @@ def main(argv: list[str] | None = None) -> int:
         section_priority(measure, sizes, summary, note)
     if args.only in (None, "ordering"):
         section_ordering(measure, sizes, summary, note)
+    if args.only in (None, "limits"):
+        section_limits(sizes, summary, note)
     if args.profile and args.only != "fire_overhead":
         print(f"== 12. cProfile of deliver_pending() over {sizes['profile']:,} rows")
         print(measure.profile_ours(sizes["profile"]))

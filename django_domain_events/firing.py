@@ -55,16 +55,22 @@ class OutsideAtomicWarning(RuntimeWarning):
 
 
 def fire(
-    evt: object, *, occurred_at: datetime | None = None, dedupe_key: str | None = None
+    evt: object,
+    *,
+    occurred_at: datetime | None = None,
+    dedupe_key: str | None = None,
+    priority: int | None = None,
 ) -> int | None:
     """Record ``evt`` and its deliveries in the current transaction; return the event id.
 
     Returns None only inside ``suppressed(..., record=False)``. With a ``dedupe_key``, a
     second fire of the same event name and key returns the first event's id and writes
-    nothing.
+    nothing. A ``priority`` stands for every receiver's declared ``priority=`` on this
+    event's rows (one urgent order among bulk ones).
     """
     plan = _plan_for(type(evt))
     _check_dedupe_key(plan.event, dedupe_key)
+    _check_priority(priority)
     suppression = suppression_for(type(evt))
     if suppression is not None and not suppression[1]:
         return None
@@ -77,7 +83,7 @@ def fire(
             stacklevel=2,
         )
     occurred = clock.accept(occurred_at, what="fire(occurred_at=)") if occurred_at else None
-    return _record(plan, evt, occurred, dedupe_key, alias, None)[0]
+    return _record(plan, evt, occurred, dedupe_key, alias, None, priority)[0]
 
 
 @dataclass(frozen=True)
@@ -119,8 +125,11 @@ def _record(
     dedupe_key: str | None,
     alias: str,
     received: Received | None,
+    priority_of: int | None = None,
 ) -> tuple[int | None, bool]:
-    """The one path of ``fire()`` and the inbox: ``(event id, whether it was written)``."""
+    """The one path of ``fire()`` and the inbox: ``(event id, whether it was written)``.
+
+    ``priority_of``, when given, is every row's priority instead of its receiver's."""
     suppression = suppression_for(type(evt))
     if suppression is not None and not suppression[1]:
         return None, False
@@ -134,7 +143,11 @@ def _record(
     # Rows that need no user code are known now, and go out with the event row: one
     # statement on PostgreSQL. targets= and due= callables run once the event row exists,
     # as they always have: they are given its id, and a duplicate must not run them.
-    rows = [] if plan.calls_user_code else _delivery_rows(record, evt, durable, expires_at)
+    rows = (
+        []
+        if plan.calls_user_code
+        else _delivery_rows(record, evt, durable, expires_at, priority_of)
+    )
     if plan.calls_user_code:  # the keys' errors before anything is written
         for receiver in durable:
             ordering.order_key(receiver, evt)
@@ -143,7 +156,9 @@ def _record(
         if existing is not None:
             return existing, False
         if suppression is None:
-            _after_insert(plan, evt, record, rows, eager_ids, alias, durable, expires_at)
+            _after_insert(
+                plan, evt, record, rows, eager_ids, alias, durable, expires_at, priority_of
+            )
     return record.pk, True
 
 
@@ -156,11 +171,12 @@ def _after_insert(
     alias: str,
     durable: Sequence[RegisteredReceiver],
     expires_at: datetime | None,
+    priority_of: int | None = None,
 ) -> None:
     """Once the event row is written: the rows needing user code, the tally, ``INLINE``
     receivers, and what runs after commit."""
     if plan.calls_user_code:
-        rows = _delivery_rows(record, evt, durable, expires_at)
+        rows = _delivery_rows(record, evt, durable, expires_at, priority_of)
         eager_ids = _insert_deliveries(alias, record.pk, rows, plan.eager_keys)
     if plan.scheduled and rows:
         tally.record(alias, entered=[(row.receiver_key, row.due_at) for row in rows])
@@ -295,6 +311,14 @@ def _check_dedupe_key(registered: RegisteredEvent, dedupe_key: str | None) -> No
             f"fire(dedupe_key=) on {registered.name}, declared with retention="
             f"{registered.retention}: its rows are deleted as soon as they settle, so the "
             "key would guard nothing. Use a timedelta retention, or drop the dedupe_key."
+        )
+
+
+def _check_priority(value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(
+            f"fire(priority=) must be an int (higher runs first; it replaces the "
+            f"receivers' declared priority= for this event's rows) or None, not {value!r}."
         )
 
 
@@ -498,10 +522,12 @@ def _delivery_rows(
     evt: object,
     receivers: Iterable[RegisteredReceiver],
     message_expiry: datetime | None = None,
+    priority_of: int | None = None,
 ) -> list[Row]:
     """The rows the durable ``receivers`` are owed, as plain tuples (no model instances).
 
-    A consumed message's expiry caps each row's lifetime: the earlier end wins.
+    A consumed message's expiry caps each row's lifetime: the earlier end wins; a fire's
+    ``priority_of`` stands for each receiver's own.
     """
     rows = []
     for receiver in receivers:
@@ -509,7 +535,7 @@ def _delivery_rows(
         expires_at = receiver_lifetime_end(receiver, due_at)
         if message_expiry is not None:
             expires_at = message_expiry if expires_at is None else min(expires_at, message_expiry)
-        credit = priority.credit(receiver.priority)
+        credit = priority.credit(receiver.priority if priority_of is None else priority_of)
         key = ordering.order_key(receiver, evt)
         for target in resolve_targets(record, evt, receiver):
             rows.append(

@@ -13,6 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_domain_events import drain_outbox, fire, outbox_health, receiver
+from django_domain_events.admin.display import when
 from django_domain_events.dashboard import outbox_dashboard
 from django_domain_events.models import DeliveryRecord
 from tests.app.events import OrderPlaced, Pinged
@@ -205,3 +206,76 @@ def test_page_queries_do_not_grow_with_rows(admin_client) -> None:
         fire_one(OrderPlaced(order_id=order_id))
     drain_outbox()
     assert queries() == empty
+
+
+# limits --------------------------------------------------------------------------
+
+
+def slow_down(evt: object) -> None:
+    from django_domain_events import RetryAfter
+
+    raise RetryAfter(600, "the gateway says slow down")
+
+
+def seed_limits() -> None:
+    """A rate-and-concurrency limit with one row running and three waiting, and a
+    concurrency limit paused by its receiver's RetryAfter."""
+    from django_domain_events import deliver_pending
+    from django_domain_events.delivery.claim import claim_batch
+
+    receiver(OrderPlaced, key="dash.gateway", concurrency_limit=2)(slow_down)
+    fire_one(OrderPlaced(order_id=1))
+    deliver_pending()
+    receiver(Pinged, key="dash.sms", rate_limit="2/s", concurrency_limit=3)(ok)
+    for n in range(4):
+        fire_one(Pinged(n=n))
+    claimed = claim_batch(worker_id="w", now=timezone.now(), lease=600, limit=50)
+    assert [c.receiver_key for c in claimed] == ["dash.sms"]  # the bucket's one token
+
+
+def limit_cells(html: str, key: str) -> dict[str, str]:
+    """The figures of one line of the limits table: ``data-figure`` to its text."""
+    import re
+
+    line = re.search(rf'<tr data-limit="{re.escape(key)}">(.*?)</tr>', html, re.S)
+    assert line is not None, html
+    cells = re.findall(r'data-figure="(\w+)"[^>]*>(.*?)</td>', line.group(1), re.S)
+    return {name: re.sub(r"<[^>]+>", "", text).strip() for name, text in cells}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_limits_table_shows_each_limit_its_use_and_what_waits(admin_client) -> None:
+    seed_limits()
+    body = admin_client.get(DASHBOARD_URL, {"fragment": "1"}).content.decode()
+    sms = limit_cells(body, "dash.sms")
+    assert (sms["rate"], sms["concurrency"], sms["running"], sms["waiting"]) == (
+        "2/s",
+        "3",
+        "1",
+        "3",
+    )
+    assert 0 <= float(sms["tokens"]) <= 1 and sms["paused_until"] == "-"
+    gateway = limit_cells(body, "dash.gateway")
+    assert (gateway["rate"], gateway["tokens"], gateway["concurrency"]) == ("-", "-", "2")
+    assert (gateway["running"], gateway["waiting"]) == ("0", "1")
+    (paused,) = [s.paused_until for s in outbox_health().limits if s.key == "dash.gateway"]
+    assert paused is not None and gateway["paused_until"] == when(paused)
+    # Each count links to its rows in the deliveries list.
+    assert "receiver=dash.sms" in body and "status__in=pending%2Cfailed" in body
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_limits_the_dashboard_says_so(admin_client) -> None:
+    receiver(OrderPlaced, key="dash.ok")(ok)
+    body = admin_client.get(DASHBOARD_URL, {"fragment": "1"}).content.decode()
+    assert 'id="dde-limits"' not in body and "No receiver declares a limit" in body
+
+
+@pytest.mark.django_db(transaction=True)
+def test_limits_cost_the_dashboard_two_queries_whatever_the_rows() -> None:
+    receiver(Pinged, key="dash.sms", rate_limit="2/s", concurrency_limit=3)(ok)
+    few = _dashboard_queries()
+    seed_limits()
+    for n in range(30):
+        fire_one(Pinged(n=n))
+    assert _dashboard_queries() == few == 12

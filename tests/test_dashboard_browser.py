@@ -212,3 +212,21 @@ def test_the_app_page_and_the_deliveries_list_link_to_it(page: Page, live_server
     page.goto(f"{live_server.url}/admin/django_domain_events/deliveryrecord/")
     page.locator(".object-tools").get_by_role("link", name="Dashboard").click()
     page.wait_for_url(re.compile(r"/dashboard/$"))
+
+
+def test_each_limit_shows_its_use_and_links_to_its_rows(page: Page, live_server: Any) -> None:
+    from tests.test_dashboard import seed_limits
+
+    seed_limits()
+    page.goto(f"{live_server.url}{DASHBOARD}")
+    for limit in outbox_health().limits:
+        line = page.locator(f"#dde-limits tr[data-limit='{limit.key}']")
+        expect(line.locator("[data-figure=rate]")).to_have_text(limit.rate_limit or "-")
+        expect(line.locator("[data-figure=concurrency]")).to_have_text(str(limit.concurrency_limit))
+        expect(line.locator("[data-figure=running]")).to_have_text(str(limit.running))
+        expect(line.locator("[data-figure=waiting]")).to_have_text(str(limit.waiting))
+    paused = page.locator("#dde-limits tr[data-limit='dash.gateway'] [data-figure=paused_until]")
+    expect(paused).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$"))
+    sms = "#dde-limits tr[data-limit='dash.sms']"
+    _follow(page, live_server, page.locator(f"{sms} [data-figure=waiting] a"), 3)
+    _follow(page, live_server, page.locator(f"{sms} [data-figure=running] a"), 1)

@@ -147,3 +147,31 @@ def test_a_rate_limit_holds_across_four_relays_and_the_free_receiver_runs_on() -
     assert rates and all(45 <= r <= 55 for r in rates)
     free = runs(log, FREE_KEY)
     print(f"free receiver meanwhile: {len(free) / (free[-1][1] - free[0][0]):.0f} runs/s")
+
+
+@needs_several_relays
+def test_a_relay_claims_the_rest_of_the_lane_while_another_holds_the_limit() -> None:
+    from django.utils import timezone
+
+    from django_domain_events.models import LimitRecord
+
+    os.environ.update(DDE_RATE_LIMIT="50/s")
+    try:
+        declare_limited()
+        fire_orders(3, pings=5)
+        log = Path(tempfile.mkdtemp()) / "runs"
+        LimitRecord.objects.create(key=LIMITED_KEY, tokens=10.0, refilled_at=timezone.now())
+        with transaction.atomic():
+            # What another relay's claim holds while it spends the bucket.
+            LimitRecord.objects.select_for_update().get(key=LIMITED_KEY)
+            (child,) = relays(1, log, "--once", DDE_RATE_LIMIT="50/s")
+            try:
+                wait_for(lambda: len(runs(log, FREE_KEY)) == 5, 60, "the free rows to run")
+                assert runs(log) == []  # the limited rows waited for the bucket's holder
+            except BaseException:
+                child.kill()  # blocked on the lock this test holds: SIGTERM would wait too
+                child.communicate(timeout=60)
+                raise
+        stop([child])
+    finally:
+        os.environ.pop("DDE_RATE_LIMIT")

@@ -137,3 +137,96 @@ def test_the_claim_reads_the_rank_index_on_postgresql() -> None:
         transaction.set_rollback(True)
     print(plan)
     assert "dde_delivery_claim_rank" in plan, plan
+
+
+# priority= on fire(): one event's rows, ahead of (or behind) their receivers' own ----
+
+
+def test_a_fire_priority_puts_that_events_rows_ahead_of_the_receivers_own() -> None:
+    receiver(OrderPlaced, key="t.bulk")(lambda evt: None)
+    fire_each(*(OrderPlaced(order_id=n) for n in range(3)))
+    with transaction.atomic():
+        urgent = fire(OrderPlaced(order_id=99), priority=5)
+    soon = timezone.now() + timedelta(seconds=1)
+    claims = claim_batch(worker_id="w", now=soon, lease=60, limit=2)
+    assert [c.event_id for c in claims][0] == urgent
+    assert claims[1].event_id != urgent
+
+
+def test_a_fire_priority_overrides_a_declared_one_downwards_too() -> None:
+    receiver(Pinged, key="t.urgent", priority=10)(lambda evt: None)
+    receiver(OrderPlaced, key="t.normal")(lambda evt: None)
+    fire_each(OrderPlaced(order_id=1))
+    with transaction.atomic():
+        fire(Pinged(n=1), priority=-1)
+    assert claimed_keys(timezone.now() + timedelta(seconds=1), 2) == ["t.normal", "t.urgent"]
+
+
+def test_a_fire_priority_covers_every_receiver_and_target_of_the_event() -> None:
+    receiver(OrderPlaced, key="t.fan", targets=lambda evt, ctx: ["a", "b"])(lambda evt: None)
+    receiver(OrderPlaced, key="t.plain", priority=3)(lambda evt: None)
+    with transaction.atomic():
+        fire(OrderPlaced(order_id=1), priority=7)
+        fire(OrderPlaced(order_id=2))
+    first = DeliveryRecord.objects.order_by("event_id").values_list("event_id", flat=True)[0]
+    ranked = {
+        (row.event_id == first, row.receiver_key, row.target): row.priority_credit
+        for row in DeliveryRecord.objects.all()
+    }
+    seven, three = priority_credit(7), priority_credit(3)
+    assert ranked == {
+        (True, "t.fan", "a"): seven,
+        (True, "t.fan", "b"): seven,
+        (True, "t.plain", ""): seven,
+        (False, "t.fan", "a"): 0,
+        (False, "t.fan", "b"): 0,
+        (False, "t.plain", ""): three,
+    }
+
+
+def priority_credit(value: int) -> int:
+    from django_domain_events import priority
+
+    return priority.credit(value)
+
+
+@pytest.mark.parametrize("bad", ["high", "5", 1.5, True])
+def test_a_fire_priority_that_is_not_an_int_is_refused_and_nothing_is_written(
+    bad: object,
+) -> None:
+    receiver(OrderPlaced, key="t.bulk")(lambda evt: None)
+    with transaction.atomic():
+        with pytest.raises(TypeError, match=r"fire\(priority=\) must be an int"):
+            fire(OrderPlaced(order_id=1), priority=bad)  # type: ignore[arg-type]
+        fire(OrderPlaced(order_id=2))  # the caller's transaction goes on
+    assert DeliveryRecord.objects.count() == 1
+    from django_domain_events.models import EventRecord
+
+    assert EventRecord.objects.count() == 1
+
+
+def test_a_retried_row_keeps_its_fire_priority() -> None:
+    receiver(Pinged, key="t.flaky", backoff_base_seconds=30)(
+        lambda evt: (_ for _ in ()).throw(RuntimeError("down"))
+    )
+    receiver(OrderPlaced, key="t.bulk")(lambda evt: None)
+    with transaction.atomic():
+        fire(Pinged(n=1), priority=4)
+    deliver_pending()
+    fire_each(*(OrderPlaced(order_id=n) for n in range(3)))
+    row = DeliveryRecord.objects.get(receiver_key="t.flaky")
+    assert row.status == DeliveryStatus.FAILED
+    assert claimed_keys(row.available_at + timedelta(seconds=1), 2) == ["t.flaky", "t.bulk"]
+
+
+def test_a_replay_that_reopens_a_row_keeps_its_fire_priority() -> None:
+    from django_domain_events import replay_events
+
+    receiver(Pinged, key="t.once")(lambda evt: None)
+    receiver(OrderPlaced, key="t.bulk")(lambda evt: None)
+    with transaction.atomic():
+        urgent = fire(Pinged(n=1), priority=6)
+    deliver_pending()
+    fire_each(*(OrderPlaced(order_id=n) for n in range(3)))
+    replay_events([urgent])
+    assert claimed_keys(timezone.now() + timedelta(seconds=1), 2) == ["t.once", "t.bulk"]

@@ -34,6 +34,7 @@ DASHBOARD_REFRESH_SECONDS = 10
 DEAD_BARS = 10
 
 _OWED_PARAM = ",".join(OWED_VALUES)
+_WAITING_PARAM = f"{DeliveryStatus.PENDING.value},{DeliveryStatus.FAILED.value}"
 
 
 def _t(moment: datetime) -> str:
@@ -150,6 +151,27 @@ def _held_keys(data: Dashboard, links: _Links) -> list[dict[str, Any]]:
     ]
 
 
+def _limits(data: Dashboard, links: _Links) -> list[dict[str, Any]]:
+    """The table of limits: each declared limit, its use now and the rows waiting for it,
+    the counts linked to those rows."""
+    url = links.url
+    waiting = {"status__in": _WAITING_PARAM, "due_at__lte": _t(links.now)}
+    return [
+        {
+            "key": limit.key,
+            "rate": limit.rate_limit or "-",
+            "tokens": "-" if limit.tokens is None else f"{limit.tokens:.1f}",
+            "concurrency": "-" if limit.concurrency_limit is None else limit.concurrency_limit,
+            "running": limit.running,
+            "running_url": url(**links.claimed, receiver=limit.key),
+            "waiting": limit.waiting,
+            "waiting_url": url(**waiting, receiver=limit.key),
+            "paused_until": when(limit.paused_until),
+        }
+        for limit in data.health.limits
+    ]
+
+
 def _minutes_chart(data: Dashboard, links: _Links) -> dict[str, Any]:
     """Deliveries per minute over the last hour: succeeded, failed and dead stacked."""
     url = links.url
@@ -262,6 +284,7 @@ def dashboard_context(data: Dashboard, site_name: str) -> dict[str, Any]:
         "receivers": _receivers(data, links),
         "lanes": _lanes(data, links),
         "held_keys": _held_keys(data, links),
+        "limits": _limits(data, links),
         "charts": {chart["name"]: chart for chart in charts},
         "chart_list": charts,
         "scheduled_later": data.scheduled_later,

@@ -5,7 +5,9 @@ in one transaction: it locks their ``LimitRecord`` rows, works out how many rows
 it may take (``allowances``), claims up to that many of each, then the unlimited rest, and
 spends the tokens (``spend``) before it commits. So two relays never spend one token, and a
 limit that allows nothing now leaves its rows owed, unclaimed and uncharged, while the
-other receivers of the lane are claimed as usual.
+other receivers of the lane are claimed as usual. A limit another relay's claim holds
+locked is skipped, not waited for (``SKIP LOCKED``): that relay is taking its rows, and
+this one claims the rest of the lane at once.
 
 - **Rate**: a token bucket per receiver, refilled at the rate from ``refilled_at``, holding
   at most a fifth of a second's worth (at least one), so no window sees more than the
@@ -17,8 +19,9 @@ other receivers of the lane are claimed as usual.
   until its ``until`` (``pause``).
 
 A relay whose claim found a rate empty sleeps until the next token (``seconds_to_token``)
-rather than its poll interval, and its claims leave that limit alone until then
-(``worth_asking``): they neither lock it nor wait for it.
+rather than its poll interval, and its claims leave that limit alone until the bucket
+holds ``Limit.gather`` tokens again (``worth_asking``): they neither lock it nor wait for
+it, and a busy rate costs a transaction per few rows, not per row.
 """
 
 from __future__ import annotations
@@ -51,6 +54,13 @@ class Limit:
     def burst(self) -> float:
         """The most tokens the bucket holds."""
         return max(1.0, (self.rate or 0.0) * BURST_SECONDS)
+
+    @property
+    def gather(self) -> float:
+        """The tokens worth a claim's lock once this process saw the bucket spent: half
+        the burst (at least one), so a busy rate is taken a few rows per transaction
+        rather than one, and the bucket never fills up unasked."""
+        return max(1.0, self.burst / 2)
 
 
 def declared(keys: Iterable[str]) -> tuple[Limit, ...]:
@@ -85,7 +95,8 @@ class Grant:
 # time.monotonic() at which this process's last claim expects a token; relay._poll reads it.
 _next_token = math.inf
 # Per database and rate-only limit, the moment (the claims' clock) before which its bucket
-# is known empty: other relays only take tokens, so no claim before then need lock it.
+# is known to hold less than ``Limit.gather``: other relays only take tokens, so no claim
+# before then need lock it.
 # Keyed by the whole limit, so a receiver declared again with other limits asks afresh.
 _empty_until: dict[tuple[str, Limit], datetime] = {}
 
@@ -103,29 +114,54 @@ def _known_empty(alias: str, limit: Limit, now: datetime) -> bool:
 
 
 def allowances(alias: str, limits: Collection[Limit], now: datetime) -> list[Grant]:
-    """Lock the limits' rows and say how many rows of each a claim may take now.
+    """Lock the limits' rows no other claim holds and say how many rows of each a claim
+    may take now (a limit held elsewhere gets no grant: its holder is claiming it).
 
-    Called inside the claim's transaction; the lock holds until it commits.
+    Called inside the claim's transaction; the locks hold until it commits.
     """
     global _next_token
-    LimitRecord.objects.using(alias).bulk_create(
-        [LimitRecord(key=limit.key, tokens=limit.burst, refilled_at=now) for limit in limits],
-        ignore_conflicts=True,
-    )
-    rows = LimitRecord.objects.using(alias).filter(key__in=[limit.key for limit in limits])
-    if connections[alias].features.has_select_for_update:
-        rows = rows.select_for_update()
-    state = {row.key: row for row in rows.order_by("key")}
+    state = _locked(alias, limits, now)
+    limits = [limit for limit in limits if limit.key in state]
     running = running_counts(alias, [lm.key for lm in limits if lm.concurrency], now)
     grants, wait = [], math.inf
     for limit in limits:
         grant, seconds = _grant(limit, state[limit.key], running.get(limit.key, 0), now)
         grants.append(grant)
         wait = min(wait, seconds)
-        if limit.concurrency is None and seconds < math.inf:
-            _empty_until[alias, limit] = now + timedelta(seconds=seconds)
+        if seconds < math.inf:
+            _spent_until(alias, grant, grant.tokens)
     _next_token = time.monotonic() + wait
     return grants
+
+
+def _locked(alias: str, limits: Collection[Limit], now: datetime) -> dict[str, LimitRecord]:
+    """The limits' rows this claim could lock, by key, created on first use: one statement
+    when they exist and none is held elsewhere."""
+    found = _lock(alias, [limit.key for limit in limits])
+    missing = [limit for limit in limits if limit.key not in found]
+    if missing:  # held by another claim, or not written yet: only the latter are created
+        rows = LimitRecord.objects.using(alias)
+        held = set(rows.filter(key__in=[lm.key for lm in missing]).values_list("key", flat=True))
+        new = [lm for lm in missing if lm.key not in held]
+        if new:
+            rows.bulk_create(
+                [LimitRecord(key=lm.key, tokens=lm.burst, refilled_at=now) for lm in new],
+                ignore_conflicts=True,
+            )
+            found.update(_lock(alias, [lm.key for lm in new]))
+    return found
+
+
+def _lock(alias: str, keys: list[str]) -> dict[str, LimitRecord]:
+    """Lock the rows of ``keys`` that no other transaction holds (all of them where the
+    database cannot skip a lock: it then waits)."""
+    rows = LimitRecord.objects.using(alias).filter(key__in=keys).order_by("key")
+    features = connections[alias].features
+    if features.has_select_for_update_skip_locked:
+        rows = rows.select_for_update(skip_locked=True)
+    elif features.has_select_for_update:
+        rows = rows.select_for_update()
+    return {row.key: row for row in rows}
 
 
 def _grant(limit: Limit, row: LimitRecord, running: int, now: datetime) -> tuple[Grant, float]:
@@ -146,14 +182,29 @@ def _grant(limit: Limit, row: LimitRecord, running: int, now: datetime) -> tuple
 
 
 def spend(alias: str, grants: Iterable[Grant], taken: Mapping[str, int]) -> None:
-    """Write back each rate's bucket: refilled to its grant's moment, less the rows claimed."""
+    """Write back each rate's bucket: refilled to its grant's moment, less the rows claimed.
+
+    A bucket nothing was taken from is left as it is: refilling it in the row would say
+    nothing its stored tokens and ``refilled_at`` do not (the claim then writes nothing).
+    """
     for grant in grants:
-        if grant.limit.rate is None:
+        if grant.limit.rate is None or not taken.get(grant.limit.key, 0):
             continue
+        left = max(0.0, grant.tokens - taken[grant.limit.key])
         LimitRecord.objects.using(alias).filter(key=grant.limit.key).update(
-            tokens=max(0.0, grant.tokens - taken.get(grant.limit.key, 0)),
-            refilled_at=grant.refilled_at,
+            tokens=left, refilled_at=grant.refilled_at
         )
+        _spent_until(alias, grant, left)
+
+
+def _spent_until(alias: str, grant: Grant, left: float) -> None:
+    """Remember when a rate-only bucket holding ``left`` tokens at its grant's moment has
+    gathered enough to be worth asking again (``worth_asking``)."""
+    limit = grant.limit
+    if limit.rate is None or limit.concurrency is not None or left >= limit.gather:
+        return
+    seconds = (limit.gather - left) / limit.rate
+    _empty_until[alias, limit] = grant.refilled_at + timedelta(seconds=seconds)
 
 
 def running_counts(alias: str, keys: Collection[str], now: datetime) -> dict[str, int]:

@@ -1,0 +1,158 @@
+"""The claim's plan on PostgreSQL under a large backlog: the rank index, never the table.
+
+50,000 owed rows over five priorities and four receivers in two lanes, 10,000 scheduled
+for later and 100,000 settled, analysed as production statistics would be: each claim a
+relay makes (a lane, the default lane with its orphans, a lane with a limited receiver)
+reads a partial index in claim order and stops at its batch; no statement of it reads the
+delivery table through a sequential scan, and the rows it picks need no sort.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from django_domain_events import fire, priority, receiver
+from django_domain_events.delivery.claim import claim_batch
+from django_domain_events.models import DeliveryRecord
+from tests.app.events import OrderPlaced
+from tests.conftest import needs_postgresql
+
+pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql]
+
+OWED, SCHEDULED, SETTLED = 50_000, 10_000, 100_000
+PRIORITIES = (0, 1, 5, 10, -1)
+KEYS = ("plan.bulk", "plan.urgent", "plan.mail", "plan.slow")
+
+# Rows of one event, as generate_series(1, n) AS g numbers them: the key, target and
+# priority follow g, and available_at (with claim_rank) spreads over the hour before
+# %(now)s (owed) or the days after it (scheduled).
+_SEED = """
+INSERT INTO {table} (event_id, receiver_key, target, status, attempts, max_attempts,
+    available_at, due_at, priority_credit, claim_rank, claimed_by, claim_position,
+    last_error, completed_at)
+SELECT %(event)s, (%(keys)s::text[])[1 + g %% 4], %(tag)s || g, %(status)s, 0, 10,
+       at, at, c.credit,
+       floor(extract(epoch FROM at) * 1000000)::bigint - c.credit, '', 0, '',
+       CASE WHEN %(status)s = 'succeeded' THEN at END
+FROM generate_series(1, %(n)s) AS g
+CROSS JOIN LATERAL (SELECT %(now)s::timestamptz + g * %(step)s * interval '1 millisecond'
+                    AS at) AS t
+CROSS JOIN LATERAL (SELECT (%(credits)s::bigint[])[1 + g %% 5] AS credit) AS c
+"""
+
+
+def seed(**mail_limits: Any) -> None:
+    """The backlog; ``mail_limits``: the limits ``plan.mail`` declares."""
+    for key in KEYS:
+        lane = "slow" if key == "plan.slow" else "default"
+        options = mail_limits if key == "plan.mail" else {}
+        receiver(OrderPlaced, key=key, lane=lane, **options)(lambda evt: None)
+    with transaction.atomic():
+        event_id = fire(OrderPlaced(order_id=1))
+    DeliveryRecord.objects.all().delete()
+    now = timezone.now()
+    credits = [priority.credit(p) for p in PRIORITIES]
+    table = connection.ops.quote_name(DeliveryRecord._meta.db_table)
+    batches = [
+        ("owed-", "pending", OWED, -3600_000 // OWED),  # due over the last hour
+        ("later-", "pending", SCHEDULED, 7 * 86400_000 // SCHEDULED),  # the next week
+        ("done-", "succeeded", SETTLED, -86400_000 // SETTLED),  # the last day
+    ]
+    with connection.cursor() as cursor:
+        for tag, status, n, step in batches:
+            cursor.execute(
+                _SEED.format(table=table),
+                {
+                    "event": event_id,
+                    "keys": list(KEYS),
+                    "tag": tag,
+                    "status": status,
+                    "n": n,
+                    "now": now,
+                    "step": step,
+                    "credits": credits,
+                },
+            )
+        cursor.execute(f"ANALYZE {table}")
+    assert DeliveryRecord.objects.count() == OWED + SCHEDULED + SETTLED
+
+
+def claim_plans(claim: Callable[[], object]) -> list[dict[str, Any]]:
+    """The plan of every claim statement ``claim`` sends (EXPLAIN, not run)."""
+    statements: list[tuple[str, Any]] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with transaction.atomic():
+        with connection.execute_wrapper(record):
+            claim()
+        transaction.set_rollback(True)
+    plans = []
+    with connection.cursor() as cursor:
+        for sql, params in statements:
+            if "SKIP LOCKED" in sql and "picked AS" in sql:  # not a limit's lock
+                cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+                found = cursor.fetchone()[0]
+                plans.append((json.loads(found) if isinstance(found, str) else found)[0]["Plan"])
+    assert plans, "the claim sent no claim statement"
+    return plans
+
+
+def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from nodes(child)
+
+
+def picked(plan: dict[str, Any]) -> dict[str, Any]:
+    """The CTE that picks the rows (``WITH picked AS (... FOR UPDATE SKIP LOCKED)``)."""
+    return next(n for n in nodes(plan) if n.get("Subplan Name") == "CTE picked")
+
+
+def assert_reads_the_index(plan: dict[str, Any], *indexes: str) -> None:
+    table = DeliveryRecord._meta.db_table
+    seq = [n for n in nodes(plan) if n["Node Type"] == "Seq Scan"]
+    assert not [n for n in seq if n.get("Relation Name") == table], json.dumps(plan, indent=1)
+    pick = list(nodes(picked(plan)))
+    scans = [n for n in pick if n.get("Relation Name") == table]
+    assert [n["Node Type"] for n in scans] == ["Index Scan"], json.dumps(plan, indent=1)
+    assert scans[0]["Index Name"] in indexes
+    assert not [n for n in pick if n["Node Type"] in ("Sort", "Incremental Sort")]
+    assert picked(plan)["Node Type"] == "Limit"
+
+
+def test_each_claim_reads_its_rank_index_under_a_large_backlog() -> None:
+    seed()
+    now = timezone.now()
+
+    def claim(lane: str) -> Callable[[], object]:
+        return lambda: claim_batch(worker_id="w", now=now, lease=60, limit=32, lane=lane)
+
+    (default,) = claim_plans(claim("default"))  # with the orphans' condition
+    assert_reads_the_index(default, "dde_delivery_claim_rank")
+    (slow,) = claim_plans(claim("slow"))
+    assert_reads_the_index(slow, "dde_delivery_claim_rank")
+    everywhere = claim_plans(
+        lambda: claim_batch(worker_id="w", now=now, lease=60, limit=32)  # every lane
+    )
+    assert_reads_the_index(everywhere[0], "dde_delivery_claim_rank")
+
+
+def test_a_lane_with_a_limited_receiver_reads_the_receivers_rank_index() -> None:
+    seed(rate_limit="10/s", concurrency_limit=50)  # two tokens: the rest claims too
+    now = timezone.now()
+    limited, rest = claim_plans(
+        lambda: claim_batch(worker_id="w", now=now, lease=60, limit=32, lane="default")
+    )
+    # The receiver's own rows in rank order, or (when its rows are common) every owed
+    # row in rank order, filtered: the planner's choice, neither sorts nor reads the table.
+    assert_reads_the_index(limited, "dde_delivery_key_rank", "dde_delivery_claim_rank")
+    assert_reads_the_index(rest, "dde_delivery_claim_rank")
