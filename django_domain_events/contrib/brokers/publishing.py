@@ -23,9 +23,16 @@ from django.db import transaction
 from ... import clock
 from ...declare import AnyEvent, receiver, registry
 from ...delivery.claim import Claim, database_alias, event_payload, release
-from ...delivery.group import _acknowledge_all
 from ...delivery.outcomes import DeliveryContext
-from ...delivery.run import Admitted, Ready, admit, prepare, record_failure, report_success
+from ...delivery.run import (
+    Admitted,
+    Ready,
+    acknowledge_all,
+    admit,
+    prepare,
+    record_failure,
+    report_success,
+)
 from ...models import DeliveryRecord, DeliveryStatus, EventRecord
 from . import envelope
 from .config import broker as broker_config
@@ -271,7 +278,7 @@ def _settle(
     confirmed = [row for (row, _), c in zip(messages, confirmations, strict=True) if c is None]
     if confirmed:
         with transaction.atomic(using=alias):
-            _acknowledge_all(alias, [row.claim for row in confirmed])
+            acknowledge_all(alias, [row.claim for row in confirmed])
         for row in confirmed:
             report_success(row.claim)
             results[row.claim.id] = (DeliveryStatus.SUCCEEDED, None)
