@@ -196,6 +196,23 @@ def test_an_unreachable_broker_charges_nothing_logs_once_and_other_lanes_go_on(t
     assert "handed back uncharged" in outages[0].getMessage()
 
 
+@pytest.mark.parametrize("transport", brokers.TRANSPORTS)
+def test_deliver_one_to_an_unreachable_broker_hands_the_row_back_uncharged(transport):
+    """An eager attempt (``deliver_one``) meets the outage as a relay does: no attempt."""
+    setting = {"BROKERS": {"default": {"URL": UNREACHABLE[transport]}}}
+    with override_settings(DJANGO_DOMAIN_EVENTS=setting):
+        publish(Pinged, to="nowhere", max_attempts=1)
+        with transaction.atomic():
+            event_id = fire(Pinged(n=1))
+        row = DeliveryRecord.objects.get(event_id=event_id)
+
+        assert deliver_one(row.pk) is None
+        close_all()
+
+    row.refresh_from_db()
+    assert (row.status, row.attempts, row.last_error) == ("pending", 0, "")
+
+
 def spoil(transport: str, url: str, to: str) -> str:
     """Make the broker refuse what is sent to ``to``; returns words of its reason."""
     import asyncio

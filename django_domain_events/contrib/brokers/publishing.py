@@ -60,8 +60,9 @@ class Publication:
         return self.broker
 
     def __call__(self, evt: Any, ctx: DeliveryContext) -> None:
-        """One row outside the relay's batches (``deliver_one``): send it, await the
-        confirm; a broker down is a failed attempt here, charged like any other."""
+        """One row run by ``attempt()`` outside any batch: send it, await the confirm.
+        Relays and ``deliver_one`` go through ``deliver_batch`` instead, where a broker
+        outage hands the row back uncharged; here it would be a failed attempt."""
         record = DeliveryRecord.objects.using(database_alias()).select_related("event")
         delivery = record.get(pk=int(ctx.delivery_id or 0))
         event = delivery.event
