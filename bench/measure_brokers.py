@@ -121,7 +121,7 @@ async def _raw_rabbit(to: str, messages: Sequence[envelope.Envelope], batch: int
                 message_id=amqp.message_id,
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             )
-            return await exchange.publish(message, routing_key=env.type, mandatory=False)
+            return await exchange.publish(message, routing_key=env.type, mandatory=True)
 
         batches = _batches(messages, batch)
         await asyncio.gather(*(send(env) for env in batches[0]))  # warm up

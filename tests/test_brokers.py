@@ -263,6 +263,33 @@ def test_a_refused_message_is_a_failed_attempt_with_the_reason_and_the_rest_go(b
         brokers.remove(transport, url, spoiled)
 
 
+def test_a_rabbitmq_message_no_queue_receives_is_a_failed_attempt_not_a_silent_drop():
+    url = brokers.require("rabbitmq")
+    to = brokers.new_destination()  # an exchange with no queue bound to it
+    bound = brokers.new_destination()
+    brokers.prepare("rabbitmq", url, bound)
+    try:
+        with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": {"default": {"URL": url}}}):
+            publish(Pinged, to=to, max_attempts=3)
+            publish(OrderPlaced, to=bound)
+            with transaction.atomic():
+                lost = fire(Pinged(n=1))
+                kept = fire(OrderPlaced(order_id=1))
+            deliver_pending()
+            close_all()
+
+        row = DeliveryRecord.objects.get(event_id=lost)
+        assert (row.status, row.attempts) == ("failed", 1)
+        assert f"exchange {to!r}" in row.last_error
+        assert "routing key 'testapp.Pinged'" in row.last_error
+        assert "no queue" in row.last_error and "bind a queue" in row.last_error
+        assert DeliveryRecord.objects.get(event_id=kept).status == "succeeded"
+        assert len(brokers.read("rabbitmq", url, bound)) == 1
+    finally:
+        brokers.remove("rabbitmq", url, to)
+        brokers.remove("rabbitmq", url, bound)
+
+
 def test_publishing_resumes_soon_after_the_broker_returns(caplog):
     """A relay's passes while the broker is down hand the rows back; once it is back, the
     next pass after the probe interval publishes them (the issue asks for ~2 s)."""
