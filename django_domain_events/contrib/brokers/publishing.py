@@ -13,12 +13,12 @@ outage left unconfirmed handed back uncharged.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from ... import clock
 from ...declare import AnyEvent, receiver, registry
@@ -214,10 +214,7 @@ def deliver_batch(
             ready.append(prepared)
         else:
             results[claim.id] = prepared
-    causes: dict[int, int | None] = {}
-    if ready:
-        rows = EventRecord.objects.using(alias).filter(pk__in={r.claim.event_id for r in ready})
-        causes = dict(rows.values_list("pk", "causation_id"))
+    causes = _causes(alias, {r.claim.event_id for r in ready}) if ready else {}
     messages: list[tuple[Ready | Admitted, Outgoing]] = []
     source = event_source()
     for row in ready:
@@ -236,6 +233,22 @@ def deliver_batch(
         confirmations = sending.wait()
     results.update(_settle(alias, messages, confirmations, now))
     return [results[claim.id] for claim in claims]
+
+
+def _causes(alias: str, event_ids: Collection[int]) -> dict[int, int | None]:
+    """Each event's causation id, the one field of the message a claim does not carry:
+    one query per batch, on PostgreSQL with one array parameter (a short statement the
+    client parses once, not one placeholder per event)."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        rows = EventRecord.objects.using(alias).filter(pk__in=event_ids)
+        return dict(rows.values_list("pk", "causation_id"))
+    table = connection.ops.quote_name(EventRecord._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id, causation_id FROM {table} WHERE id = ANY(%s)", [list(event_ids)]
+        )
+        return dict(cursor.fetchall())
 
 
 def _admit(
