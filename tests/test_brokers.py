@@ -365,6 +365,32 @@ def test_one_relay_sends_the_events_of_a_key_in_event_order(broker):
         assert orders == sorted(orders) and len(orders) == 100
 
 
+def test_a_row_taken_over_before_its_acknowledgement_is_not_counted_as_sent(broker):
+    """Another relay took one row over (its lease lapsed) while the batch's confirms were
+    outstanding: the others are acknowledged, that one is left to its new holder."""
+    from django_domain_events.delivery.claim import claim_batch
+    from django_domain_events.delivery.lease import lane_lease
+
+    transport, url, to = broker
+    publication = publish(Pinged, to=to)
+    with transaction.atomic():
+        event_ids = [fire(Pinged(n=n)) for n in range(3)]
+    now = clock.now()
+    claims = claim_batch(worker_id="flight-a", now=now, lease=lane_lease(None), limit=3)
+    taken = claims[1].id
+
+    def take_over() -> None:
+        DeliveryRecord.objects.filter(pk=taken).update(claimed_by="flight-b")
+
+    results = publication.deliver_batch(claims, now=now, meanwhile=take_over)
+
+    statuses = [result[0] if result is not None else None for result in results]
+    assert statuses == [DeliveryStatus.SUCCEEDED, None, DeliveryStatus.SUCCEEDED]
+    rows = {r.pk: r for r in DeliveryRecord.objects.filter(event_id__in=event_ids)}
+    assert (rows[taken].status, rows[taken].claimed_by) == ("claimed", "flight-b")
+    assert {r.status for pk, r in rows.items() if pk != taken} == {"succeeded"}
+
+
 def test_a_batch_costs_the_same_queries_whatever_its_size(broker):
     """The publish path is O(1) in queries per batch: no query per row."""
     from django.test.utils import CaptureQueriesContext

@@ -27,11 +27,13 @@ from ...delivery.outcomes import DeliveryContext
 from ...delivery.run import (
     Admitted,
     Ready,
+    acknowledge,
     acknowledge_all,
     admit,
     prepare,
     record_failure,
     report_success,
+    warn_lease_lost,
 )
 from ...models import DeliveryRecord, DeliveryStatus, EventRecord
 from . import envelope
@@ -251,6 +253,26 @@ def _causes(alias: str, event_ids: Collection[int]) -> dict[int, int | None]:
         return dict(cursor.fetchall())
 
 
+class _Lost(Exception):
+    """A confirmed row of the batch is no longer this claim's: acknowledge one by one."""
+
+
+def _acknowledged(
+    alias: str, confirmed: Sequence[Ready | Admitted]
+) -> list[tuple[Ready | Admitted, bool]]:
+    """Acknowledge the confirmed rows in one commit; when one was taken over meanwhile,
+    each on its own, so only the rows this claim still holds count as sent."""
+    if not confirmed:
+        return []
+    try:
+        with transaction.atomic(using=alias):
+            if not acknowledge_all(alias, [row.claim for row in confirmed]):
+                raise _Lost
+        return [(row, True) for row in confirmed]
+    except _Lost:
+        return [(row, acknowledge(alias, row.claim)) for row in confirmed]
+
+
 def _admit(
     alias: str, claim: Claim, now: datetime, decoded: dict[int, Any]
 ) -> Ready | Admitted | Result:
@@ -290,12 +312,13 @@ def _settle(
     """Acknowledge the confirmed rows together, hand back the outage's, fail the refused."""
     results: dict[int, Result] = {}
     confirmed = [row for (row, _), c in zip(messages, confirmations, strict=True) if c is None]
-    if confirmed:
-        with transaction.atomic(using=alias):
-            acknowledge_all(alias, [row.claim for row in confirmed])
-        for row in confirmed:
+    for row, held in _acknowledged(alias, [row for row in confirmed]):
+        if held:
             report_success(row.claim)
             results[row.claim.id] = (DeliveryStatus.SUCCEEDED, None)
+        else:  # its lease lapsed and another worker holds it: that one settles it
+            warn_lease_lost(row.claim, ran=True)
+            results[row.claim.id] = (None, None)
     down = [
         row
         for (row, _), c in zip(messages, confirmations, strict=True)
