@@ -744,13 +744,14 @@ def section_brokers(sizes: dict[str, int], summary: Summary, note: str) -> None:
         f"of publish(Tick, to=...), against the same client library sending the same "
         f"CloudEvents in batches of {BROKER_BATCH}, each batch's confirms awaited{note}"
     )
+    raws: dict[str, float] = {}
     for transport in ("rabbitmq", "nats", "redis"):
         if not measure_brokers.reachable(transport):
             print(f"{transport}: not reachable at {measure_brokers.URLS[transport]}: skipped")
             summary.append((f"{transport} published events/s", "skipped", "", ""))
             continue
         ours = measure_brokers.ours(transport, events, BROKER_BATCH)
-        raw = measure_brokers.raw(transport, events, BROKER_BATCH)
+        raw = raws[transport] = measure_brokers.raw(transport, events, BROKER_BATCH)
         figure(f"{transport}: published events/s, one relay", ours, "events/s")
         figure(f"{transport}: raw client loop, messages/s", raw, "messages/s")
         ratio_verdict = verdict_of(ours / raw >= TARGET_PUBLISH_RATIO)
@@ -767,6 +768,14 @@ def section_brokers(sizes: dict[str, int], summary: Summary, note: str) -> None:
         summary.append(
             ("  ratio to the raw client loop", f"{ours / raw:.3f}", ">= 0.5", ratio_verdict)
         )
+    steps = measure_brokers.phases(min(events, 5_000), BROKER_BATCH)
+    print(
+        f"the relay's own steps per batch of {BROKER_BATCH}, timed apart (fastest batch; the "
+        "broker's send runs beside the claim): "
+        + ", ".join(f"{name} {ms:.1f} ms" for name, ms in steps.items())
+        + f"; together {sum(steps.values()):.1f} ms. A raw loop's batch: "
+        + ", ".join(f"{name} {BROKER_BATCH * 1000 / rate:.1f} ms" for name, rate in raws.items())
+    )
 
 
 def section_priority(measure: Any, sizes: dict[str, int], summary: Summary, note: str) -> None:

@@ -196,6 +196,23 @@ def test_an_unreachable_broker_charges_nothing_logs_once_and_other_lanes_go_on(t
     assert "handed back uncharged" in outages[0].getMessage()
 
 
+@pytest.mark.parametrize("transport", brokers.TRANSPORTS)
+def test_deliver_one_to_an_unreachable_broker_hands_the_row_back_uncharged(transport):
+    """An eager attempt (``deliver_one``) meets the outage as a relay does: no attempt."""
+    setting = {"BROKERS": {"default": {"URL": UNREACHABLE[transport]}}}
+    with override_settings(DJANGO_DOMAIN_EVENTS=setting):
+        publish(Pinged, to="nowhere", max_attempts=1)
+        with transaction.atomic():
+            event_id = fire(Pinged(n=1))
+        row = DeliveryRecord.objects.get(event_id=event_id)
+
+        assert deliver_one(row.pk) is None
+        close_all()
+
+    row.refresh_from_db()
+    assert (row.status, row.attempts, row.last_error) == ("pending", 0, "")
+
+
 def spoil(transport: str, url: str, to: str) -> str:
     """Make the broker refuse what is sent to ``to``; returns words of its reason."""
     import asyncio
@@ -244,6 +261,33 @@ def test_a_refused_message_is_a_failed_attempt_with_the_reason_and_the_rest_go(b
         assert len(brokers.read(transport, url, to)) == 2
     finally:
         brokers.remove(transport, url, spoiled)
+
+
+def test_a_rabbitmq_message_no_queue_receives_is_a_failed_attempt_not_a_silent_drop():
+    url = brokers.require("rabbitmq")
+    to = brokers.new_destination()  # an exchange with no queue bound to it
+    bound = brokers.new_destination()
+    brokers.prepare("rabbitmq", url, bound)
+    try:
+        with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": {"default": {"URL": url}}}):
+            publish(Pinged, to=to, max_attempts=3)
+            publish(OrderPlaced, to=bound)
+            with transaction.atomic():
+                lost = fire(Pinged(n=1))
+                kept = fire(OrderPlaced(order_id=1))
+            deliver_pending()
+            close_all()
+
+        row = DeliveryRecord.objects.get(event_id=lost)
+        assert (row.status, row.attempts) == ("failed", 1)
+        assert f"exchange {to!r}" in row.last_error
+        assert "routing key 'testapp.Pinged'" in row.last_error
+        assert "no queue" in row.last_error and "bind a queue" in row.last_error
+        assert DeliveryRecord.objects.get(event_id=kept).status == "succeeded"
+        assert len(brokers.read("rabbitmq", url, bound)) == 1
+    finally:
+        brokers.remove("rabbitmq", url, to)
+        brokers.remove("rabbitmq", url, bound)
 
 
 def test_publishing_resumes_soon_after_the_broker_returns(caplog):
@@ -319,6 +363,32 @@ def test_one_relay_sends_the_events_of_a_key_in_event_order(broker):
     for key in ("customer-0", "customer-1", "customer-2"):
         orders = [env.payload()["order_id"] for env in found if env.get("partitionkey") == key]
         assert orders == sorted(orders) and len(orders) == 100
+
+
+def test_a_row_taken_over_before_its_acknowledgement_is_not_counted_as_sent(broker):
+    """Another relay took one row over (its lease lapsed) while the batch's confirms were
+    outstanding: the others are acknowledged, that one is left to its new holder."""
+    from django_domain_events.delivery.claim import claim_batch
+    from django_domain_events.delivery.lease import lane_lease
+
+    transport, url, to = broker
+    publication = publish(Pinged, to=to)
+    with transaction.atomic():
+        event_ids = [fire(Pinged(n=n)) for n in range(3)]
+    now = clock.now()
+    claims = claim_batch(worker_id="flight-a", now=now, lease=lane_lease(None), limit=3)
+    taken = claims[1].id
+
+    def take_over() -> None:
+        DeliveryRecord.objects.filter(pk=taken).update(claimed_by="flight-b")
+
+    results = publication.deliver_batch(claims, now=now, meanwhile=take_over)
+
+    statuses = [result[0] if result is not None else None for result in results]
+    assert statuses == [DeliveryStatus.SUCCEEDED, None, DeliveryStatus.SUCCEEDED]
+    rows = {r.pk: r for r in DeliveryRecord.objects.filter(event_id__in=event_ids)}
+    assert (rows[taken].status, rows[taken].claimed_by) == ("claimed", "flight-b")
+    assert {r.status for pk, r in rows.items() if pk != taken} == {"succeeded"}
 
 
 def test_a_batch_costs_the_same_queries_whatever_its_size(broker):

@@ -89,3 +89,23 @@ def test_every_contract_name_is_exported_and_documented() -> None:
         if name != "__version__" and callable(value) and not isinstance(value, str):
             assert getattr(value, "__doc__", None), f"{name} has no docstring"
     assert set(CONTRACT) <= set(django_domain_events.__all__)
+
+
+def test_the_integrations_import_no_private_name_of_the_core() -> None:
+    """contrib/ builds on the core's public seams (``run.acknowledge_all``, ...): a name
+    with a leading underscore imported from outside contrib/ is a seam to make public."""
+    import ast
+    from pathlib import Path
+
+    root = Path(django_domain_events.__file__).parent
+    found = []
+    for path in sorted((root / "contrib").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                continue
+            target = (path.parent / ("../" * (node.level - 1))).resolve()
+            inside_contrib = (root / "contrib") in [target, *target.parents]
+            private = [a.name for a in node.names if a.name.startswith("_")]
+            if private and not inside_contrib:
+                found.append(f"{path.relative_to(root)}: {node.module} {private}")
+    assert found == []

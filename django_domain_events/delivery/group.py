@@ -23,8 +23,8 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from .. import clock, tally, tracing
-from ..models import STATUS_SQL, DeliveryRecord, DeliveryStatus
+from .. import tracing
+from ..models import DeliveryStatus
 from ..scope import caused_by
 from .claim import Claim, database_alias
 from .lease import kept_alive_together
@@ -34,6 +34,7 @@ from .report import Timing, report_success
 from .run import (
     Attempted,
     Ready,
+    acknowledge_all,
     around_delivery,
     attempt,
     call_receiver,
@@ -109,7 +110,7 @@ def _run_together(
                 failed.append((row, outcome, error, timing.stop()))
                 continue
             succeeded.append((row.claim, timing.stop()))
-        if succeeded and not _acknowledge_all(alias, [claim for claim, _ in succeeded]):
+        if succeeded and not acknowledge_all(alias, [claim for claim, _ in succeeded]):
             raise _GroupLost
     for claim, timing in succeeded:  # reported only once the commit made them true
         report_success(claim, timing)
@@ -118,25 +119,3 @@ def _run_together(
     results: dict[int, Attempted] = {c.id: (DeliveryStatus.SUCCEEDED, None) for c, _ in succeeded}
     results.update({row.claim.id: (outcome.status, outcome) for row, outcome, *_ in failed})
     return results
-
-
-def _acknowledge_all(alias: str, claims: Sequence[Claim]) -> bool:
-    """One compare-and-set ``UPDATE`` for every success of the group (one claim's rows)."""
-    first = claims[0]
-    connection = connections[alias]
-    quote, adapt = connection.ops.quote_name, connection.ops.adapt_datetimefield_value
-    done = clock.now()
-    marks = ", ".join(["%s"] * len(claims))
-    sql = (
-        f"UPDATE {quote(DeliveryRecord._meta.db_table)} SET status = {STATUS_SQL['succeeded']}, "
-        "attempts = attempts + 1, completed_at = %s, succeeded_at = %s, "
-        "lease_expires_at = NULL, last_error = '' "
-        f"WHERE status = {STATUS_SQL['claimed']} AND claimed_by = %s AND claimed_at = %s "
-        f"AND id IN ({marks})"
-    )
-    params = [adapt(done), adapt(done), first.claimed_by, adapt(first.claimed_at)]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *(c.id for c in claims)])
-        written = cursor.rowcount
-    tally.record(alias, left=[(c.receiver_key, c.due_at) for c in claims])
-    return written == len(claims)

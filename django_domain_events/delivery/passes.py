@@ -63,7 +63,8 @@ def deliver_one(
     claimed_by: str | None = None,
     claimed_at: datetime | str | None = None,
 ) -> DeliveryStatus | None:
-    """Run one owed row now; None for a row that is not owed or not yet due.
+    """Run one owed row now; None for a row that is not owed or not yet due, or that a
+    broker outage handed back uncharged (a publish, ``contrib.brokers``).
 
     With ``claimed_by`` and ``claimed_at`` (a task worker), the row is first taken under
     exactly that claim; a duplicate or stale message runs nothing. Returns ``PENDING``
@@ -99,6 +100,9 @@ def deliver_one(
         if not claims:
             return None
         claim = claims[0]
+    if _batch_delivered([claim], 0):  # a publish: a broker outage hands it back, uncharged
+        result = run_one(claim, now)
+        return result[0] if result is not None else None
     status, _ = attempt(claim, now=now)
     return status
 

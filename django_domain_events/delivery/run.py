@@ -25,13 +25,13 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 from django.utils.module_loading import import_string
 
 from .. import clock, conf, tally, tracing
 from ..codec import PayloadDecodeError, PayloadUpgradeFailed
 from ..declare import RegisteredReceiver, registry
-from ..models import TERMINAL_VALUES, DeliveryRecord, DeliveryStatus
+from ..models import STATUS_SQL, TERMINAL_VALUES, DeliveryRecord, DeliveryStatus
 from ..scope import caused_by
 from . import limits
 from .claim import (
@@ -155,6 +155,35 @@ def acknowledge(alias: str, claim: Claim) -> bool:
             "last_error": "",
         },
     )
+
+
+def acknowledge_all(alias: str, claims: Sequence[Claim]) -> bool:
+    """Record the success of every row of ``claims`` (rows of one claim) with one
+    compare-and-set ``UPDATE``, in the caller's transaction; False when a row was lost
+    to another worker. For deliveries settled together: ``ack="batch"`` groups, and a
+    batch of publishes once the broker confirmed it (``contrib.brokers``)."""
+    first = claims[0]
+    connection = connections[alias]
+    quote, adapt = connection.ops.quote_name, connection.ops.adapt_datetimefield_value
+    done = clock.now()
+    ids: list[Any] = [claim.id for claim in claims]
+    if connection.vendor == "postgresql":  # one array: a short statement, parsed once
+        among, ids = "= ANY(%s)", [ids]
+    else:
+        among = f"IN ({', '.join(['%s'] * len(ids))})"
+    sql = (
+        f"UPDATE {quote(DeliveryRecord._meta.db_table)} SET status = {STATUS_SQL['succeeded']}, "
+        "attempts = attempts + 1, completed_at = %s, succeeded_at = %s, "
+        "lease_expires_at = NULL, last_error = '' "
+        f"WHERE status = {STATUS_SQL['claimed']} AND claimed_by = %s AND claimed_at = %s "
+        f"AND id {among}"
+    )
+    params = [adapt(done), adapt(done), first.claimed_by, adapt(first.claimed_at)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, *ids])
+        written = cursor.rowcount
+    tally.record(alias, left=[(c.receiver_key, c.due_at) for c in claims])
+    return bool(written == len(claims))
 
 
 def _update_claimed(alias: str, claim: Claim, assignments: dict[str, Any]) -> bool:

@@ -13,19 +13,28 @@ outage left unconfirmed handed back uncharged.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from ... import clock
 from ...declare import AnyEvent, receiver, registry
 from ...delivery.claim import Claim, database_alias, event_payload, release
-from ...delivery.group import _acknowledge_all
 from ...delivery.outcomes import DeliveryContext
-from ...delivery.run import Admitted, Ready, admit, prepare, record_failure, report_success
+from ...delivery.run import (
+    Admitted,
+    Ready,
+    acknowledge,
+    acknowledge_all,
+    admit,
+    prepare,
+    record_failure,
+    report_success,
+    warn_lease_lost,
+)
 from ...models import DeliveryRecord, DeliveryStatus, EventRecord
 from . import envelope
 from .config import broker as broker_config
@@ -53,8 +62,9 @@ class Publication:
         return self.broker
 
     def __call__(self, evt: Any, ctx: DeliveryContext) -> None:
-        """One row outside the relay's batches (``deliver_one``): send it, await the
-        confirm; a broker down is a failed attempt here, charged like any other."""
+        """One row run by ``attempt()`` outside any batch: send it, await the confirm.
+        Relays and ``deliver_one`` go through ``deliver_batch`` instead, where a broker
+        outage hands the row back uncharged; here it would be a failed attempt."""
         record = DeliveryRecord.objects.using(database_alias()).select_related("event")
         delivery = record.get(pk=int(ctx.delivery_id or 0))
         event = delivery.event
@@ -206,10 +216,7 @@ def deliver_batch(
             ready.append(prepared)
         else:
             results[claim.id] = prepared
-    causes: dict[int, int | None] = {}
-    if ready:
-        rows = EventRecord.objects.using(alias).filter(pk__in={r.claim.event_id for r in ready})
-        causes = dict(rows.values_list("pk", "causation_id"))
+    causes = _causes(alias, {r.claim.event_id for r in ready}) if ready else {}
     messages: list[tuple[Ready | Admitted, Outgoing]] = []
     source = event_source()
     for row in ready:
@@ -228,6 +235,42 @@ def deliver_batch(
         confirmations = sending.wait()
     results.update(_settle(alias, messages, confirmations, now))
     return [results[claim.id] for claim in claims]
+
+
+def _causes(alias: str, event_ids: Collection[int]) -> dict[int, int | None]:
+    """Each event's causation id, the one field of the message a claim does not carry:
+    one query per batch, on PostgreSQL with one array parameter (a short statement the
+    client parses once, not one placeholder per event)."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        rows = EventRecord.objects.using(alias).filter(pk__in=event_ids)
+        return dict(rows.values_list("pk", "causation_id"))
+    table = connection.ops.quote_name(EventRecord._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id, causation_id FROM {table} WHERE id = ANY(%s)", [list(event_ids)]
+        )
+        return dict(cursor.fetchall())
+
+
+class _Lost(Exception):
+    """A confirmed row of the batch is no longer this claim's: acknowledge one by one."""
+
+
+def _acknowledged(
+    alias: str, confirmed: Sequence[Ready | Admitted]
+) -> list[tuple[Ready | Admitted, bool]]:
+    """Acknowledge the confirmed rows in one commit; when one was taken over meanwhile,
+    each on its own, so only the rows this claim still holds count as sent."""
+    if not confirmed:
+        return []
+    try:
+        with transaction.atomic(using=alias):
+            if not acknowledge_all(alias, [row.claim for row in confirmed]):
+                raise _Lost
+        return [(row, True) for row in confirmed]
+    except _Lost:
+        return [(row, acknowledge(alias, row.claim)) for row in confirmed]
 
 
 def _admit(
@@ -269,12 +312,13 @@ def _settle(
     """Acknowledge the confirmed rows together, hand back the outage's, fail the refused."""
     results: dict[int, Result] = {}
     confirmed = [row for (row, _), c in zip(messages, confirmations, strict=True) if c is None]
-    if confirmed:
-        with transaction.atomic(using=alias):
-            _acknowledge_all(alias, [row.claim for row in confirmed])
-        for row in confirmed:
+    for row, held in _acknowledged(alias, [row for row in confirmed]):
+        if held:
             report_success(row.claim)
             results[row.claim.id] = (DeliveryStatus.SUCCEEDED, None)
+        else:  # its lease lapsed and another worker holds it: that one settles it
+            warn_lease_lost(row.claim, ran=True)
+            results[row.claim.id] = (None, None)
     down = [
         row
         for (row, _), c in zip(messages, confirmations, strict=True)

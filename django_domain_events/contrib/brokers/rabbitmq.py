@@ -6,7 +6,9 @@ the next publish, one round trip per message; aio-pika sends the whole batch wit
 confirm outstanding and awaits them together, on the process's broker loop. A message
 RabbitMQ refuses closes the channel, failing every confirm still outstanding on it; the
 rest of the batch is then sent again one message at a time on a new channel, so only
-the refused message fails.
+the refused message fails. Every message is published ``mandatory``: one no queue is
+bound to receive comes back (``basic.return``) and fails its row, rather than being
+confirmed and dropped.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import aio_pika
-from aio_pika.exceptions import AMQPConnectionError, ChannelClosed, ConnectionClosed
+from aio_pika.exceptions import AMQPConnectionError, ChannelClosed, ConnectionClosed, PublishError
 
 from ...inbox import Message
 from . import envelope
@@ -49,7 +51,8 @@ class Publisher:
             raise BrokerDown(f"{type(error).__name__}: {error}") from error
 
     async def _open_channel(self) -> None:
-        self.channel = await self.connection.channel(publisher_confirms=True)
+        # on_return_raises: a returned (unroutable) message raises instead of confirming
+        self.channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
         self.exchanges = {}
 
     async def _exchange(self, to: str) -> Any:
@@ -88,16 +91,25 @@ class Publisher:
             message_id=amqp.message_id,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
-        return await exchange.publish(
-            body,
-            routing_key=message.envelope.type,
-            mandatory=False,
-            timeout=self.config.confirm_timeout,
-        )
+        try:
+            return await exchange.publish(
+                body,
+                routing_key=message.envelope.type,
+                mandatory=True,
+                timeout=self.config.confirm_timeout,
+            )
+        except PublishError:
+            raise Refused(
+                f"RabbitMQ returned it unroutable: exchange {message.to!r} has no queue bound "
+                f"for routing key {message.envelope.type!r}; bind a queue for that key (a "
+                "consumer's subscribe() declares one), then the row's retry sends it again"
+            ) from None
 
     def _result(self, reply: Any) -> BaseException | None:
         if not isinstance(reply, BaseException):
             return None
+        if isinstance(reply, Refused):  # already says why (an unroutable message)
+            return reply
         if self._down(reply):
             return BrokerDown(f"the connection broke: {type(reply).__name__}: {reply}")
         if isinstance(reply, asyncio.TimeoutError):
@@ -121,7 +133,9 @@ class Publisher:
                 results.append(None)
             except Exception as other:
                 error = other
-                if self._down(other):
+                if isinstance(other, Refused):
+                    results.append(other)
+                elif self._down(other):
                     results.append(BrokerDown(f"{type(other).__name__}: {other}"))
                 else:
                     results.append(Refused(f"RabbitMQ refused it: {other}"))
