@@ -133,6 +133,7 @@ def test_ack_is_refused_unless_each_or_batch_on_a_durable_receiver() -> None:
         receiver(OrderPlaced, key="t.inline", mode=INLINE, ack="batch")(lambda evt: None)
 
 
+@pytest.mark.django_db(databases="__all__")  # Django 6.1's JSONField check asks SQLite
 def test_check_warns_of_batch_ack_on_a_task_receiver() -> None:
     from django.test import override_settings
 
