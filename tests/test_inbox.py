@@ -391,3 +391,37 @@ def test_the_dead_letter_lifetime_prunes_a_consumed_event_and_the_inbox_forgets_
     assert not EventRecord.objects.exists()
     # The event row was the inbox's memory of the message: the same message again is new.
     assert record_batch(sub, [consumed]) == {"recorded": 1}
+
+
+def test_the_prune_deletes_dead_inbox_entries_past_the_dead_letter_lifetime(sub) -> None:
+    from django.test import override_settings
+
+    from django_domain_events import prune_events
+
+    record_batch(sub, [message("shop.Unheard", "old"), message("shop.Unheard", "retried")])
+    start = timezone.now()
+    DeadMessage.objects.update(received_at=start - timedelta(hours=3))
+    DeadMessage.objects.filter(message_id="retried").update(retried_at=start)
+    with override_settings(DJANGO_DOMAIN_EVENTS={"DEAD_LETTER_TTL_SECONDS": 7200}):
+        prune_events(now=start)
+        # Dead for three hours, over the two-hour lifetime; the retried one died again now.
+        assert list(DeadMessage.objects.values_list("message_id", flat=True)) == ["retried"]
+        prune_events(now=start + timedelta(hours=1))
+        assert DeadMessage.objects.count() == 1
+        prune_events(now=start + timedelta(hours=2, seconds=1))
+        assert not DeadMessage.objects.exists()
+    # Gone from the inbox's memory of bad messages: the same message again is kept anew.
+    assert record_batch(sub, [message("shop.Unheard", "old")]) == {"dead": 1}
+
+
+def test_without_a_dead_letter_lifetime_dead_inbox_entries_go_after_the_retention_window(
+    sub,
+) -> None:
+    from django_domain_events import prune_events
+
+    record_batch(sub, [message("shop.Unheard", "kept")])
+    start = timezone.now()
+    prune_events(now=start + timedelta(days=89))  # RETENTION_DAYS: 90 by default
+    assert DeadMessage.objects.count() == 1
+    prune_events(now=start + timedelta(hours=2), older_than=timedelta(hours=1))
+    assert not DeadMessage.objects.exists()
