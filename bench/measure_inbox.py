@@ -45,7 +45,7 @@ os.environ["DDE_BENCH_SETTINGS_JSON"] = json.dumps(
 )
 TARGET_RATE = 2_000.0  # messages/s from RabbitMQ and NATS
 TARGET_RATIO = 0.5  # ours over the raw loop
-BATCH = 100
+BATCH = 100  # messages per transaction, both loops (subscribe()'s default); --batch
 RAW_TABLE = "bench_raw_inbox"
 
 
@@ -277,13 +277,16 @@ def cleanup(kind: str, source: str) -> None:
 
 
 def main() -> None:
+    global BATCH
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--brokers", default="rabbitmq,nats,redis")
+    parser.add_argument("--batch", type=int, default=BATCH, help="messages per transaction")
     parser.add_argument(
         "--prefix", default="bench", help="start of the run's queue, stream and key names"
     )
     args = parser.parse_args()
+    BATCH = args.batch
     import django
 
     django.setup()
@@ -307,7 +310,9 @@ def main() -> None:
                 best_ours = max(best_ours, ours(kind, source, args.messages))
             finally:
                 cleanup(kind, source)
-            best_raw = max(best_raw, raw(kind, f"{args.prefix}-raw-{uuid.uuid4().hex[:8]}", args.messages))
+            best_raw = max(
+                best_raw, raw(kind, f"{args.prefix}-raw-{uuid.uuid4().hex[:8]}", args.messages)
+            )
         ratio = best_ours / best_raw
         rate = "-" if kind == "redis" else ("PASS" if best_ours >= TARGET_RATE else "MISS")
         share = "PASS" if ratio >= TARGET_RATIO else "MISS"

@@ -118,9 +118,10 @@ class PgInsert:
             f"ON CONFLICT ({quote('name')}, {quote('dedupe_key')}) DO NOTHING "
             f"RETURNING id, {quote('name')}, {quote('dedupe_key')}"
         )
-        eager_of = (
-            "ARRAY(SELECT d.id FROM d WHERE d.event_id = e.id "
-            "AND d.receiver_key = ANY(%s::varchar[]) ORDER BY d.id)"
+        # The eager rows by event in one grouped pass over d, not one scan of d per event.
+        eager_by_event = (
+            "(SELECT d.event_id, array_agg(d.id ORDER BY d.id) AS ids FROM d "
+            "WHERE d.receiver_key = ANY(%s::varchar[]) GROUP BY d.event_id)"
         )
         self.batch_sql = (
             f"WITH e AS ({insert_events}), "
@@ -129,7 +130,9 @@ class PgInsert:
             f"AS v (event_name, event_key, {row_fields}) "
             f"ON e.{quote('name')} = v.event_name AND e.{quote('dedupe_key')} = v.event_key "
             f"RETURNING id, {quote('event_id')}, receiver_key) "
-            f"SELECT e.{quote('name')}, e.{quote('dedupe_key')}, e.id, {eager_of} FROM e"
+            f"SELECT e.{quote('name')}, e.{quote('dedupe_key')}, e.id, "
+            f"COALESCE(x.ids, ARRAY[]::bigint[]) FROM e LEFT JOIN {eager_by_event} AS x "
+            "ON x.event_id = e.id"
         ).replace("%s", "%b")  # every parameter in binary: no escaping of array elements
 
     def event(

@@ -135,6 +135,34 @@ def test_a_message_seen_again_adds_nothing(sub) -> None:
     assert record_batch(sub, [other]) == {"recorded": 1}
 
 
+def test_a_batch_runs_eager_rows_after_its_commit_and_tells_listeners(sub) -> None:
+    from django_domain_events import signals
+
+    ran: list[int] = []
+    receiver(OrderPlaced, key="t.eager", eager=True)(lambda evt: ran.append(evt.order_id))
+    receiver(OrderPlaced, key="t.later")(lambda evt: None)
+    heard: list[tuple[int, int]] = []
+
+    def listener(sender, event_id, deliveries, **kwargs) -> None:
+        heard.append((event_id, deliveries))
+
+    name = order_placed_name()
+    batch = [message(name, f"e{i}", {"order_id": i}) for i in range(3)]
+    assert record_batch(sub, batch) == {"recorded": 3}
+    assert sorted(ran) == [0, 1, 2]
+    eager = DeliveryRecord.objects.filter(receiver_key="t.eager")
+    assert {row.status for row in eager} == {DeliveryStatus.SUCCEEDED}
+    assert DeliveryRecord.objects.filter(receiver_key="t.later").count() == 3
+    signals.event_recorded.connect(listener, sender=OrderPlaced)
+    try:
+        batch = [message(name, f"s{i}", {"order_id": 10 + i}) for i in range(2)]
+        assert record_batch(sub, [*batch, batch[0]]) == {"recorded": 2, "duplicate": 1}
+    finally:
+        signals.event_recorded.disconnect(listener, sender=OrderPlaced)
+    recorded = EventRecord.objects.filter(received__id__in=["s0", "s1"]).order_by("pk")
+    assert heard == [(row.pk, 2) for row in recorded]
+
+
 def test_a_message_without_correlation_starts_a_chain_and_events_it_causes_follow_it(
     sub,
 ) -> None:
