@@ -166,12 +166,14 @@ def _text(value: Any) -> str:
 
 
 def _redis_message(fields: Any) -> Any:
-    text = _text
-    headers = {text(k): text(v) for k, v in fields.items() if text(k) != envelope.REDIS_DATA}
-    data = fields.get(envelope.REDIS_DATA.encode(), fields.get(envelope.REDIS_DATA, b""))
+    """The inbox's view of a stream entry: every field read as text once (an invalid
+    UTF-8 byte replaced, so the entry is kept dead rather than stopping the consumer)."""
+    decoded = {_text(k): v for k, v in fields.items()}
+    data = decoded.pop(envelope.REDIS_DATA, b"")
     body = data if isinstance(data, bytes) else str(data).encode()
+    headers = {name: _text(value) for name, value in decoded.items()}
     try:
-        attributes = dict(envelope.from_redis(fields).attributes)
+        attributes = envelope.from_fields(headers, body).attributes
     except envelope.EnvelopeError:
         attributes = {}
     return Message(attributes=attributes, body=body, headers=headers)
