@@ -1,8 +1,8 @@
 """The statements that write an event and its delivery rows on PostgreSQL.
 
 ``fire()`` (``firing.py``) builds the rows; on PostgreSQL they go out here, the event and
-all its rows in one statement, and a consumed batch (the inbox) as those statements
-pipelined. Elsewhere the ORM writes them.
+all its rows in one statement, and a consumed batch (the inbox) in one statement too:
+every event row, then every delivery row. Elsewhere the ORM writes them.
 """
 
 from __future__ import annotations
