@@ -142,18 +142,20 @@ class _Worker:
             return ahead.result(wait + 30)
         return run(consumer.fetch(self.subscription.batch_size, wait), wait + 30)
 
-    def _hand_back_ahead(self, consumer: Consumer) -> None:
-        """Release the batch fetched ahead, unrecorded (cancel its fetch if still under way)."""
+    def _hand_back(self, consumer: Consumer, batch: Sequence[Fetched] = ()) -> None:
+        """Release ``batch`` and the batch fetched ahead, both unrecorded, in the order
+        fetched; only once the fetch ahead has ended (or been cancelled), since a fetch
+        under way and a release would both move the transport's place in its queue."""
         ahead, self.ahead = self.ahead, None
-        if ahead is None:
-            return
-        try:
-            batch = ahead.result(_AHEAD_SECONDS)
-        except Exception:  # still fetching, or failed: nothing of it is ours to release
-            ahead.cancel()
-            return
-        if batch:
-            run(consumer.release(batch), 30)
+        later: list[Fetched] = []
+        if ahead is not None:
+            try:
+                later = ahead.result(_AHEAD_SECONDS)
+            except Exception:  # still fetching, or failed: nothing of it is ours to release
+                ahead.cancel()
+        for unrecorded in (batch, later):
+            if unrecorded:
+                run(consumer.release(unrecorded), 30)
 
     def _connected(self) -> Consumer:
         if self.consumer is None:
@@ -187,8 +189,7 @@ class _Worker:
         )
         connections[database_alias()].close()
         try:
-            run(consumer.release(batch), 30)
-            self._hand_back_ahead(consumer)
+            self._hand_back(consumer, batch)
         except Exception:
             self.close()
         self._wait()
@@ -202,7 +203,7 @@ class _Worker:
         consumer, self.consumer = self.consumer, None
         if consumer is not None:
             try:
-                self._hand_back_ahead(consumer)
+                self._hand_back(consumer)
             except Exception:
                 logger.debug(
                     "releasing the batch fetched ahead for %s failed", self.subscription.name
