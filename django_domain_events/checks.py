@@ -6,6 +6,7 @@ Each message names what is wrong and its hint says what to do.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -55,6 +56,34 @@ def check_brokers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     return [
         Error(problem, hint="See docs/howto-publish.md.", id="django_domain_events.E020")
         for problem in problems()
+    ]
+
+
+@register(Tags.compatibility)
+def check_subscriptions(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Every subscription naming a broker ``BROKERS`` does not configure: its consumer
+    could never start, and ``manage.py check`` says so before a deploy does."""
+    raw = getattr(django_settings, conf.SETTINGS_NAME, {})
+    if conf.problems(raw):
+        return []  # E001 names the settings' problem first
+    from .contrib.brokers.config import SETTING, raw_setting
+    from .inbox import subscriptions
+
+    configured = raw_setting()
+    if not isinstance(configured, Mapping):
+        return []  # E020 names it
+    known = ", ".join(repr(name) for name in sorted(configured, key=str)) or "none"
+    some = next(iter(sorted(configured, key=str)), "default")
+    return [
+        Error(
+            f"subscribe() declared the subscription {declared.name!r} on broker "
+            f"{declared.broker!r}, which {SETTING} does not configure (configured: {known}).",
+            hint=f"In {SETTING}, add {declared.broker!r}: {{'URL': ...}}, or pass "
+            f"subscribe(..., broker={some!r}) naming a configured one.",
+            id="django_domain_events.E021",
+        )
+        for declared in subscriptions()
+        if declared.broker not in configured
     ]
 
 

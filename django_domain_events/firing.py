@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
+from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
@@ -178,29 +179,50 @@ def _after_insert(
     if plan.calls_user_code:
         rows = _delivery_rows(record, evt, durable, expires_at, priority_of)
         eager_ids = _insert_deliveries(alias, record.pk, rows, plan.eager_keys)
-    if plan.scheduled and rows:
-        tally.record(alias, entered=[(row.receiver_key, row.due_at) for row in rows])
+    _count_scheduled(plan, rows, alias)
     for receiver in plan.inline:
         with caused_by(record.pk, record.correlation_id):
             call_receiver(receiver, evt, inline_context(record, receiver))
     for receiver in plan.on_commit:
         transaction.on_commit(partial(_run_on_commit, record, evt, receiver), using=alias)
+    _after_commit(rows, eager_ids, alias)
+    if signals.event_recorded.has_listeners(type(evt)):
+        recorded = partial(_send_recorded, record, evt, len(rows))
+        transaction.on_commit(recorded, using=alias)
+
+
+def _reads_record(plan: _Plan, cls: type) -> bool:
+    """Whether ``_after_insert`` hands the event row to anything: user code computing
+    rows, ``INLINE`` or ``ON_COMMIT`` receivers, ``event_recorded`` listeners. When not,
+    it is ``_count_scheduled`` and ``_after_commit`` alone, and needs no model instance."""
+    return (
+        plan.calls_user_code
+        or bool(plan.inline or plan.on_commit)
+        or signals.event_recorded.has_listeners(cls)
+    )
+
+
+def _count_scheduled(plan: _Plan, rows: Sequence[Row], alias: str) -> None:
+    if plan.scheduled and rows:
+        tally.record(alias, entered=[(row.receiver_key, row.due_at) for row in rows])
+
+
+def _after_commit(rows: Sequence[Row], eager_ids: list[int], alias: str) -> None:
+    """The eager attempts and the relays' wake-up, once the transaction commits."""
     if eager_ids:
         transaction.on_commit(partial(_attempt_eagerly, eager_ids), using=alias)
     if rows:
         wake_after_commit(alias)
-    if signals.event_recorded.has_listeners(type(evt)):
-        recorded = partial(_send_recorded, record, evt, len(rows))
-        transaction.on_commit(recorded, using=alias)
 
 
 def record_received_many(
     items: Sequence[tuple[object, datetime, str, Received]],
 ) -> list[tuple[int, bool]]:
     """``record_received`` for a batch of ``(event, occurred_at, dedupe_key, received)``,
-    in the caller's transaction. On PostgreSQL the statements ``fire()`` would send one
-    at a time go out pipelined (one ``executemany``), when no row needs user code;
-    everything after each insert is ``fire()``'s own."""
+    in the caller's transaction, as ``(event id, created)`` in order. On PostgreSQL, when
+    no row needs user code, the whole batch is one statement (``PgInsert.batch``): every
+    event row, every delivery row; a key seen twice in the batch is written once.
+    Everything after the insert is ``fire()``'s own."""
     alias = database_alias()
     connection = connections[alias]
     plans = [_plan_for(type(item[0])) for item in items]
@@ -213,26 +235,58 @@ def record_received_many(
             record_received(evt, occurred_at=at, dedupe_key=key, received=got)
             for evt, at, key, got in items
         ]
-    prepared = []
+    prepared: dict[tuple[str, str], tuple[_Plan, object, dict[str, Any], list[Row]]] = {}
     for plan, (evt, occurred_at, key, got) in zip(plans, items, strict=True):
-        record = _event_row(plan.event, evt, occurred_at, clock.now(), key, None, alias, got)
-        prepared.append(
-            (plan, evt, record, _delivery_rows(record, evt, plan.durable, got.expires_at))
-        )
-    results: list[tuple[int, bool]] = []
+        if (plan.event.name, key) not in prepared:
+            now = clock.now()
+            values = _event_values(plan.event, evt, occurred_at, now, key, None, alias, got)
+            rows = _rows_for(evt, plan.durable, occurred_at, now, got.expires_at, None)
+            prepared[(plan.event.name, key)] = (plan, evt, values, rows)
+    eager_keys = sorted({key for plan in plans for key in plan.eager_keys})
     with transaction.atomic(using=alias, savepoint=False):
-        written = PgInsert.get(connection).events(
-            connection, [(record, rows, plan.eager_keys) for plan, _, record, rows in prepared]
+        written = PgInsert.get(connection).batch(
+            connection, [(values, rows) for _, _, values, rows in prepared.values()], eager_keys
         )
-        for (plan, evt, record, rows), found in zip(prepared, written, strict=True):
-            if found is None:
-                results.append((_first_with_key(alias, record), False))
+        for pair, (plan, evt, values, rows) in prepared.items():
+            if pair not in written:
                 continue
-            record.pk, eager_ids = found
-            record._state.adding, record._state.db = False, alias
-            _after_insert(plan, evt, record, rows, eager_ids, alias, plan.durable, None)
-            results.append((record.pk, True))
+            pk, eager_ids = written[pair]
+            if _reads_record(plan, type(evt)):
+                record = EventRecord(id=pk, **values)
+                record._state.adding, record._state.db = False, alias
+                _after_insert(plan, evt, record, rows, eager_ids, alias, plan.durable, None)
+            else:  # what _after_insert does with no one to hand the row to
+                _count_scheduled(plan, rows, alias)
+                _after_commit(rows, eager_ids, alias)
+        held = _held_keys(alias, [pair for pair in prepared if pair not in written])
+    results: list[tuple[int, bool]] = []
+    created: set[tuple[str, str]] = set()
+    for plan, (_, _, key, _) in zip(plans, items, strict=True):
+        pair = (plan.event.name, key)
+        if pair in written and pair not in created:
+            created.add(pair)
+            results.append((written[pair][0], True))
+        else:
+            results.append((written[pair][0] if pair in written else held[pair], False))
     return results
+
+
+def _held_keys(alias: str, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """The ids of the events already holding each ``(name, dedupe_key)``: one query."""
+    if not pairs:
+        return {}
+    found = EventRecord.objects.using(alias).filter(dedupe_key__in={key for _, key in pairs})
+    held: dict[tuple[str, str], int] = {}
+    for name, key, pk in found.values_list("name", "dedupe_key", "pk").order_by("pk"):
+        held.setdefault((name, key or ""), pk)
+    missing = [pair for pair in pairs if pair not in held]
+    if missing:  # taken by a transaction this one cannot see: let the caller retry
+        name, key = missing[0]
+        raise IntegrityError(
+            f"fire({name}, dedupe_key={key!r}): the key is taken by an event this "
+            "transaction cannot see."
+        )
+    return held
 
 
 def _send_recorded(record: EventRecord, evt: object, deliveries: int) -> None:
@@ -332,6 +386,24 @@ def _event_row(
     alias: str,
     received: Received | None = None,
 ) -> EventRecord:
+    values = _event_values(
+        registered, evt, occurred_at, recorded_at, dedupe_key, suppression, alias, received
+    )
+    return EventRecord(**values)
+
+
+def _event_values(
+    registered: RegisteredEvent,
+    evt: object,
+    occurred_at: datetime,
+    recorded_at: datetime,
+    dedupe_key: str | None,
+    suppression: tuple[str, bool] | None,
+    alias: str,
+    received: Received | None = None,
+) -> dict[str, Any]:
+    """The event row's values by field name: what ``fire()`` writes, with or without a
+    model instance (a consumed batch goes without: ``PgInsert.batch``)."""
     retention = registered.retention
     if received is None:
         scope, cause = current_scope(), current_cause()
@@ -340,7 +412,7 @@ def _event_row(
         scope, cause = Scope(actor_key=received.source, actor_label=received.source), None
         correlation_id = received.correlation_id or uuid.uuid4().hex
         trace_context = received.trace_context
-    return EventRecord(
+    return dict(
         name=registered.name,
         version=registered.version,
         payload=encode_event(evt),
@@ -405,18 +477,8 @@ def _insert_event(
 
 def _first_with_key(alias: str, record: EventRecord) -> int:
     """The id of the event that already holds ``record``'s name and dedupe key."""
-    first = (
-        EventRecord.objects.using(alias)
-        .filter(name=record.name, dedupe_key=record.dedupe_key)
-        .values_list("pk", flat=True)
-        .first()
-    )
-    if first is None:  # taken by a transaction this one cannot see: let the caller retry
-        raise IntegrityError(
-            f"fire({record.name}, dedupe_key={record.dedupe_key!r}): the key is taken by an "
-            "event this transaction cannot see."
-        )
-    return first
+    pair = (record.name, record.dedupe_key or "")
+    return _held_keys(alias, [pair])[pair]
 
 
 def _insert_deliveries(
@@ -524,20 +586,40 @@ def _delivery_rows(
     message_expiry: datetime | None = None,
     priority_of: int | None = None,
 ) -> list[Row]:
-    """The rows the durable ``receivers`` are owed, as plain tuples (no model instances).
+    """The rows the durable ``receivers`` are owed, as plain tuples (no model instances)."""
+    return _rows_for(
+        evt, receivers, record.occurred_at, record.recorded_at, message_expiry, record, priority_of
+    )
+
+
+def _rows_for(
+    evt: object,
+    receivers: Iterable[RegisteredReceiver],
+    occurred_at: datetime,
+    recorded_at: datetime,
+    message_expiry: datetime | None,
+    record: EventRecord | None,
+    priority_of: int | None = None,
+) -> list[Row]:
+    """``_delivery_rows`` from the event's times; ``record`` is read only by a
+    ``targets=`` callable (None where no receiver has one).
 
     A consumed message's expiry caps each row's lifetime: the earlier end wins; a fire's
     ``priority_of`` stands for each receiver's own.
     """
     rows = []
     for receiver in receivers:
-        due_at = resolve_due(receiver, evt, record.occurred_at, record.recorded_at)
+        due_at = resolve_due(receiver, evt, occurred_at, recorded_at)
         expires_at = receiver_lifetime_end(receiver, due_at)
         if message_expiry is not None:
             expires_at = message_expiry if expires_at is None else min(expires_at, message_expiry)
         credit = priority.credit(receiver.priority if priority_of is None else priority_of)
         key = ordering.order_key(receiver, evt)
-        for target in resolve_targets(record, evt, receiver):
+        targets = [""] if receiver.targets is None else None
+        if targets is None:
+            assert record is not None, "a targets= callable is given the event row"
+            targets = resolve_targets(record, evt, receiver)
+        for target in targets:
             rows.append(
                 Row(
                     receiver.key,

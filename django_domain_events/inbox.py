@@ -268,7 +268,7 @@ def record_batch(subscription: Subscription, messages: Sequence[Message]) -> Cou
 def _write_all(
     subscription: Subscription, reads: Sequence[tuple[Message, _Good | _Bad | None]]
 ) -> Counter[str]:
-    """Every message of the batch: the good ones recorded together (pipelined on
+    """Every message of the batch: the good ones recorded together (one statement on
     PostgreSQL), the bad ones kept dead, the others skipped."""
     counts: Counter[str] = Counter()
     good = [got for _, got in reads if isinstance(got, _Good)]

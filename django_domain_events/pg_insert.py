@@ -1,13 +1,14 @@
 """The statements that write an event and its delivery rows on PostgreSQL.
 
 ``fire()`` (``firing.py``) builds the rows; on PostgreSQL they go out here, the event and
-all its rows in one statement, and a consumed batch (the inbox) as those statements
-pipelined. Elsewhere the ORM writes them.
+all its rows in one statement, and a consumed batch (the inbox) in one statement too:
+every event row, then every delivery row. Elsewhere the ORM writes them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -82,7 +83,7 @@ class PgInsert:
                 continue
             columns.append(quote(f.column))
             if f.name == "event":
-                select.append("{event_id}")
+                select.append("{event_id}")  # filled in per statement below
             elif f.name in given:
                 select.append(given[f.name])
             else:
@@ -92,20 +93,50 @@ class PgInsert:
             f"%s::{_cast_type(DeliveryRecord._meta.get_field(name), connection)}[]"
             for name in Row._fields
         )
-        insert_rows = (
-            f"INSERT INTO {quote(DeliveryRecord._meta.db_table)} ({', '.join(columns)}) "
-            f"SELECT {', '.join(select)} FROM {{source}}unnest({arrays}) "
-            f"AS v ({', '.join(Row._fields)}) RETURNING id, receiver_key"
-        )
+        rows_into = f"INSERT INTO {quote(DeliveryRecord._meta.db_table)} ({', '.join(columns)}) "
+        row_fields = ", ".join(Row._fields)
         eager = "ARRAY(SELECT d.id FROM d WHERE d.receiver_key = ANY(%s::varchar[]) ORDER BY d.id)"
         self.event_sql = (
             f"WITH e AS ({insert_event}), "
-            f"d AS ({insert_rows.format(event_id='e.id', source='e, ')}) "
+            f"d AS ({rows_into}SELECT {', '.join(select).format(event_id='e.id')} "
+            f"FROM e, unnest({arrays}) AS v ({row_fields}) RETURNING id, receiver_key) "
             f"SELECT e.id, {eager} FROM e"
         )
         self.deliveries_sql = (
-            f"WITH d AS ({insert_rows.format(event_id='%s', source='')}) SELECT {eager}"
+            f"WITH d AS ({rows_into}SELECT {', '.join(select).format(event_id='%s')} "
+            f"FROM unnest({arrays}) AS v ({row_fields}) RETURNING id, receiver_key) "
+            f"SELECT {eager}"
         )
+        # A batch (the inbox): every event in one INSERT from one array per column, in
+        # the given order; each delivery row names its event by (name, dedupe_key).
+        self.converters = [_converter(f) for f in self.event_fields]
+        event_arrays = ", ".join(f"%s::{_cast_type(f, connection)}[]" for f in self.event_fields)
+        given_names = ", ".join(f"c{i}" for i in range(len(self.event_fields)))
+        insert_events = (
+            f"INSERT INTO {quote(EventRecord._meta.db_table)} "
+            f"({', '.join(quote(f.column) for f in self.event_fields)}) "
+            f"SELECT {given_names} FROM unnest({event_arrays}) WITH ORDINALITY "
+            f"AS v ({given_names}, ord) ORDER BY ord "
+            f"ON CONFLICT ({quote('name')}, {quote('dedupe_key')}) DO NOTHING "
+            f"RETURNING id, {quote('name')}, {quote('dedupe_key')}"
+        )
+        # The eager rows by event in one grouped pass over d, not one scan of d per event.
+        eager_by_event = (
+            "(SELECT d.event_id, array_agg(d.id ORDER BY d.id) AS ids FROM d "
+            "WHERE d.receiver_key = ANY(%s::varchar[]) GROUP BY d.event_id)"
+        )
+        self.batch_sql = (
+            f"WITH e AS ({insert_events}), "
+            f"d AS ({rows_into}SELECT {', '.join(select).format(event_id='e.id')} "
+            f"FROM e JOIN unnest(%s::varchar[], %s::varchar[], {arrays}) WITH ORDINALITY "
+            f"AS v (event_name, event_key, {row_fields}, ord) "
+            f"ON e.{quote('name')} = v.event_name AND e.{quote('dedupe_key')} = v.event_key "
+            # Rows take their ids in the batch's order: an ordered key's order is theirs.
+            f"ORDER BY v.ord RETURNING id, {quote('event_id')}, receiver_key) "
+            f"SELECT e.{quote('name')}, e.{quote('dedupe_key')}, e.id, "
+            f"COALESCE(x.ids, ARRAY[]::bigint[]) FROM e LEFT JOIN {eager_by_event} AS x "
+            "ON x.event_id = e.id"
+        ).replace("%s", "%b")  # every parameter in binary: no escaping of array elements
 
     def event(
         self,
@@ -126,32 +157,36 @@ class PgInsert:
             found = cursor.fetchone()
         return None if found is None else (found[0], found[1])
 
-    def events(
+    def batch(
         self,
         connection: BaseDatabaseWrapper,
-        batch: Sequence[tuple[EventRecord, Sequence[Row], Sequence[str]]],
-    ) -> list[tuple[int, list[int]] | None]:
-        """``event()`` for several events, pipelined: one ``executemany``, one round trip
-        for the batch, each statement's answer read back in order."""
-        params = []
-        for record, rows, eager_keys in batch:
-            values = [
-                f.get_db_prep_save(getattr(record, f.attname), connection)
-                for f in self.event_fields
-            ]
-            params.append([*values, *self.defaults, *_columns(rows), list(eager_keys)])
-        found: list[tuple[int, list[int]] | None] = []
+        events: Sequence[tuple[Mapping[str, Any], Sequence[Row]]],
+        eager_keys: Sequence[str],
+    ) -> dict[tuple[str, str], tuple[int, list[int]]]:
+        """Write a batch of keyed events (their values by field name, as ``EventRecord``
+        takes them) and their rows in one statement: the written ones by ``(name,
+        dedupe_key)``, with the ids of their eager rows. An event whose key is taken is
+        left out (nothing written for it). The keys must be distinct."""
+        event_columns: list[list[Any]] = [[] for _ in self.event_fields]
+        owners: tuple[list[str], list[str]] = ([], [])
+        rows: list[Row] = []
+        for values, its_rows in events:
+            for column, field, convert in zip(
+                event_columns, self.event_fields, self.converters, strict=True
+            ):
+                column.append(convert(values[field.name]))
+            for row in its_rows:
+                owners[0].append(values["name"])
+                owners[1].append(values["dedupe_key"])
+                rows.append(row)
+        params = [*event_columns, *self.defaults, *owners, *_columns(rows), list(eager_keys)]
         connection.ensure_connection()
-        # psycopg's own cursor, binding on the server: executemany(returning=True)
-        # pipelines the batch, and the statement is prepared once per connection.
-        with psycopg_cursor(connection.connection) as raw:
-            raw.executemany(self.event_sql, params, returning=True)
-            while True:
-                row = raw.fetchone()
-                found.append(None if row is None else (row[0], row[1]))
-                if not raw.nextset():
-                    break
-        return found
+        # psycopg's own cursor, binding on the server: the statement is prepared once per
+        # connection, and the arrays travel as arrays rather than quoted into the text.
+        with connection.wrap_database_errors, psycopg_cursor(connection.connection) as raw:
+            raw.execute(self.batch_sql, params)
+            found = raw.fetchall()
+        return {(name, key): (pk, list(eager)) for name, key, pk, eager in found}
 
     def deliveries(
         self,
@@ -184,3 +219,28 @@ def _columns(rows: Sequence[Row]) -> list[list[Any]]:
 def _cast_type(field: Any, connection: BaseDatabaseWrapper) -> str:
     """The column's type without its length (``varchar``, not ``varchar(255)``)."""
     return str(field.db_type(connection)).split("(")[0]
+
+
+def _converter(field: Any) -> Any:
+    """How one event column's value travels in its array: JSON as text (cast to
+    ``jsonb`` by the statement), a related object as its key, anything else as given."""
+    from django.db.models import ForeignKey, JSONField
+
+    if isinstance(field, ForeignKey):
+        return _key_of
+    if isinstance(field, JSONField):
+        encoder = field.encoder
+
+        def as_json(value: Any) -> str | None:
+            return None if value is None else json.dumps(value, cls=encoder)
+
+        return as_json
+    return _same
+
+
+def _key_of(value: Any) -> Any:
+    return None if value is None else value.pk
+
+
+def _same(value: Any) -> Any:
+    return value

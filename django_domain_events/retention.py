@@ -8,6 +8,8 @@ success is recorded before its rows go, so ``quiet_receivers`` survives the prun
 A ``@recurring`` schedule's tick rows go too: a fired tick's row with its event, a
 skipped or failed one (no event) once it is older than the window. The schedules'
 cursors stay, and they alone decide which ticks fire (see ``_delete_old_ticks``).
+
+Dead inbox entries (``DeadMessage``) go by the dead letters' bound, having no event.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from django.db.models.expressions import Combinable
 from . import clock, conf
 from .models import (
     OWED_VALUES,
+    DeadMessage,
     DeliveryRecord,
     DeliveryStatus,
     EventRecord,
@@ -47,7 +50,8 @@ def prune_events(
     retention of their own. Works in batches of ``PRUNE_BATCH_ROWS`` rows (events and
     deliveries counted alike), at most ``limit`` events in all. A schedule's tick rows
     go with their events; its skipped and failed ones, which have none, once recorded
-    longer ago than the window, in batches of as many rows.
+    longer ago than the window, in batches of as many rows. Dead inbox entries go once
+    dead longer than ``DEAD_LETTER_TTL_SECONDS`` or the window, whichever is shorter.
     """
     settings = conf.get()
     if older_than is not None and (
@@ -61,9 +65,12 @@ def prune_events(
         raise ValueError(f"prune_events(limit=) must be >= 0 or None, not {limit!r}.")
     moment = clock.normalize(now) if now is not None else clock.now()
     window = older_than if older_than is not None else timedelta(days=settings.RETENTION_DAYS)
+    dead_cutoff = moment - window
     if settings.DEAD_LETTER_TTL_SECONDS is not None:
         cutoff = moment - timedelta(seconds=settings.DEAD_LETTER_TTL_SECONDS)
         _delete_old_dead_letters(cutoff, rows_per_batch)
+        dead_cutoff = max(dead_cutoff, cutoff)
+    _delete_old_dead_messages(dead_cutoff, rows_per_batch)
     deleted = 0
     while limit is None or deleted < limit:
         room = rows_per_batch if limit is None else min(rows_per_batch, limit - deleted)
@@ -200,3 +207,18 @@ def _delete_old_dead_letters(cutoff: datetime, rows_per_batch: int) -> int:
             remember_successes(alias, going)
             count, _ = going.delete()
         deleted += count
+
+
+def _delete_old_dead_messages(cutoff: datetime, rows_per_batch: int) -> int:
+    """Delete dead inbox entries dead since before ``cutoff``: received then, and not
+    retried (and refused again) since. They have no event to go with, so they keep the
+    shorter of a dead letter's two bounds: ``DEAD_LETTER_TTL_SECONDS`` and the window."""
+    alias = database_alias()
+    old = DeadMessage.objects.using(alias).filter(
+        Q(retried_at__isnull=True) | Q(retried_at__lte=cutoff), received_at__lte=cutoff
+    )
+    deleted = 0
+    while batch := list(old.order_by().values_list("pk", flat=True)[:rows_per_batch]):
+        count, _ = DeadMessage.objects.using(alias).filter(pk__in=batch).delete()
+        deleted += count
+    return deleted

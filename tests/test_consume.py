@@ -166,3 +166,38 @@ def test_a_batch_the_database_refuses_is_not_acknowledged_and_comes_back(kind, s
     broken["on"] = False  # the database is back: the broker still holds every message
     assert run_consumer(once=True, wait=0.5)["recorded"] == 3
     assert EventRecord.objects.count() == 3
+
+
+def test_a_consumer_stopping_hands_back_the_batch_it_fetched_ahead(kind, source) -> None:
+    import threading
+
+    subscribe_to(source, batch_size=2)
+    run_consumer(once=True, wait=0.5)
+    placed = name_of(OrderPlaced)
+    send(source, [envelope_of(f"a{i}", placed, {"order_id": i}) for i in range(6)])
+    stop = threading.Event()
+    first = run_consumer(stop=stop, wait=0.5, on_batch=lambda sub, counts: stop.set())
+    assert first == {"recorded": 2}  # the next two were being fetched meanwhile
+    # Handed back, not left for the broker's ack_wait (30 s): the rest comes at once.
+    assert run_consumer(once=True, wait=0.5) == {"recorded": 4}
+    assert EventRecord.objects.count() == 6
+
+
+def test_a_stream_entry_with_bytes_that_are_not_utf8_is_kept_dead(source) -> None:
+    import redis
+
+    url = require("redis")
+    with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": {"default": {"URL": url}}}):
+        subscribe_to(source)
+        run_consumer(once=True, wait=0.5)
+        client = redis.Redis.from_url(url)
+        try:
+            fields = {"ce-specversion": "1.0", "ce-id": "bad-bytes", "ce-source": "shop"}
+            client.xadd(source, {**fields, "ce-type": b"shop.\xff", "data": b"{}"})
+        finally:
+            client.close()
+        assert run_consumer(once=True, wait=0.5) == {"dead": 1}
+        entry = DeadMessage.objects.get()
+        assert entry.message_id == "bad-bytes" and entry.type == "shop.\ufffd"
+        assert entry.reason.startswith("unknown type:")
+        assert run_consumer(once=True, wait=0.5) == {}  # acknowledged: never again

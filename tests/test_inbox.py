@@ -135,6 +135,34 @@ def test_a_message_seen_again_adds_nothing(sub) -> None:
     assert record_batch(sub, [other]) == {"recorded": 1}
 
 
+def test_a_batch_runs_eager_rows_after_its_commit_and_tells_listeners(sub) -> None:
+    from django_domain_events import signals
+
+    ran: list[int] = []
+    receiver(OrderPlaced, key="t.eager", eager=True)(lambda evt: ran.append(evt.order_id))
+    receiver(OrderPlaced, key="t.later")(lambda evt: None)
+    heard: list[tuple[int, int]] = []
+
+    def listener(sender, event_id, deliveries, **kwargs) -> None:
+        heard.append((event_id, deliveries))
+
+    name = order_placed_name()
+    batch = [message(name, f"e{i}", {"order_id": i}) for i in range(3)]
+    assert record_batch(sub, batch) == {"recorded": 3}
+    assert sorted(ran) == [0, 1, 2]
+    eager = DeliveryRecord.objects.filter(receiver_key="t.eager")
+    assert {row.status for row in eager} == {DeliveryStatus.SUCCEEDED}
+    assert DeliveryRecord.objects.filter(receiver_key="t.later").count() == 3
+    signals.event_recorded.connect(listener, sender=OrderPlaced)
+    try:
+        batch = [message(name, f"s{i}", {"order_id": 10 + i}) for i in range(2)]
+        assert record_batch(sub, [*batch, batch[0]]) == {"recorded": 2, "duplicate": 1}
+    finally:
+        signals.event_recorded.disconnect(listener, sender=OrderPlaced)
+    recorded = EventRecord.objects.filter(received__id__in=["s0", "s1"]).order_by("pk")
+    assert heard == [(row.pk, 2) for row in recorded]
+
+
 def test_a_message_without_correlation_starts_a_chain_and_events_it_causes_follow_it(
     sub,
 ) -> None:
@@ -391,3 +419,37 @@ def test_the_dead_letter_lifetime_prunes_a_consumed_event_and_the_inbox_forgets_
     assert not EventRecord.objects.exists()
     # The event row was the inbox's memory of the message: the same message again is new.
     assert record_batch(sub, [consumed]) == {"recorded": 1}
+
+
+def test_the_prune_deletes_dead_inbox_entries_past_the_dead_letter_lifetime(sub) -> None:
+    from django.test import override_settings
+
+    from django_domain_events import prune_events
+
+    record_batch(sub, [message("shop.Unheard", "old"), message("shop.Unheard", "retried")])
+    start = timezone.now()
+    DeadMessage.objects.update(received_at=start - timedelta(hours=3))
+    DeadMessage.objects.filter(message_id="retried").update(retried_at=start)
+    with override_settings(DJANGO_DOMAIN_EVENTS={"DEAD_LETTER_TTL_SECONDS": 7200}):
+        prune_events(now=start)
+        # Dead for three hours, over the two-hour lifetime; the retried one died again now.
+        assert list(DeadMessage.objects.values_list("message_id", flat=True)) == ["retried"]
+        prune_events(now=start + timedelta(hours=1))
+        assert DeadMessage.objects.count() == 1
+        prune_events(now=start + timedelta(hours=2, seconds=1))
+        assert not DeadMessage.objects.exists()
+    # Gone from the inbox's memory of bad messages: the same message again is kept anew.
+    assert record_batch(sub, [message("shop.Unheard", "old")]) == {"dead": 1}
+
+
+def test_without_a_dead_letter_lifetime_dead_inbox_entries_go_after_the_retention_window(
+    sub,
+) -> None:
+    from django_domain_events import prune_events
+
+    record_batch(sub, [message("shop.Unheard", "kept")])
+    start = timezone.now()
+    prune_events(now=start + timedelta(days=89))  # RETENTION_DAYS: 90 by default
+    assert DeadMessage.objects.count() == 1
+    prune_events(now=start + timedelta(hours=2), older_than=timedelta(hours=1))
+    assert not DeadMessage.objects.exists()

@@ -64,3 +64,23 @@ def test_bad_arguments_are_refused_naming_them(kwargs, error, message) -> None:
 def test_a_bad_source_is_refused() -> None:
     with pytest.raises(ValueError, match="must name the publisher's destination"):
         subscribe("no spaces please")
+
+
+def test_manage_py_check_refuses_a_subscription_to_a_broker_not_configured() -> None:
+    from django.core import checks
+
+    E021 = "django_domain_events.E021"
+    subscribe("orders", name="t.known", broker="events")
+    subscribe("orders", name="t.typo", broker="evnets")
+    settings = {"BROKERS": {"events": {"URL": "redis://127.0.0.1:1/"}}}  # never connected
+    with override_settings(DJANGO_DOMAIN_EVENTS=settings):
+        found = [m for m in checks.run_checks(tags=["compatibility"]) if m.id == E021]
+    assert [m.msg for m in found] == [
+        "subscribe() declared the subscription 't.typo' on broker 'evnets', which "
+        "DJANGO_DOMAIN_EVENTS['BROKERS'] does not configure (configured: 'events')."
+    ]
+    assert "add 'evnets'" in found[0].hint and "broker='events'" in found[0].hint
+    with override_settings(DJANGO_DOMAIN_EVENTS={}):
+        found = [m for m in checks.run_checks(tags=["compatibility"]) if m.id == E021]
+    assert sorted(m.msg.split("'")[1] for m in found) == ["t.known", "t.typo"]
+    assert "(configured: none)" in found[0].msg

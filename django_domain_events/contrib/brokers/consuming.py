@@ -12,6 +12,7 @@ then finds recorded.
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import logging
 import os
@@ -30,13 +31,15 @@ from django.db import DatabaseError, connections
 from ...inbox import Message, Subscription, record_batch, subscriptions
 from ...models import database_alias
 from .config import BrokerConfig, broker, import_client
-from .transport import run
+from .transport import run, submit
 
 logger = logging.getLogger("django_domain_events.consume")
 
 _MODULES = {"rabbitmq": ".rabbitmq", "nats": ".nats", "redis": ".redis"}
 #: How long a consumer waits after a broker or database outage, doubling up to the cap.
 _BACKOFF_START, _BACKOFF_CAP = 0.25, 2.0
+#: How long a stopping consumer waits for the batch it was fetching ahead, to release it.
+_AHEAD_SECONDS = 5.0
 
 
 #: With ``once``, a subscription whose broker or database failed this often in a row stops it.
@@ -101,19 +104,24 @@ class _Worker:
         self.backoff = _BACKOFF_START
         self.failures = 0  # outages in a row, broker or database
         self.counts: Counter[str] = Counter()
+        self.ahead: concurrent.futures.Future[list[Fetched]] | None = None  # the next batch
 
     def step(self, wait: float) -> Counter[str] | None:
         """Fetch, record and acknowledge one batch and count its outcomes; None when there
-        was none (or the broker or the database is down: then it waits out its backoff)."""
+        was none (or the broker or the database is down: then it waits out its backoff).
+
+        The next batch is fetched while this one is recorded (never acknowledged before
+        its own commit), so the broker's round trips overlap the database's."""
         try:
             consumer = self._connected()
-            batch = run(consumer.fetch(self.subscription.batch_size, wait), wait + 30)
+            batch = self._fetched(consumer, wait)
         except Exception as error:
             self._down(f"broker {self.config.name!r} ({self.config.safe_url})", error)
             return None
         if not batch:
             self.failures = 0  # the broker answered, and had nothing
             return None
+        self.ahead = submit(consumer.fetch(self.subscription.batch_size, wait))
         try:
             counts = record_batch(self.subscription, [fetched.message for fetched in batch])
         except DatabaseError as error:
@@ -126,6 +134,28 @@ class _Worker:
         except Exception as error:  # committed: a redelivery will be found recorded
             self._down("acknowledging a recorded batch", error)
         return counts
+
+    def _fetched(self, consumer: Consumer, wait: float) -> list[Fetched]:
+        """The batch fetched ahead during the last step, or a new fetch."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            return ahead.result(wait + 30)
+        return run(consumer.fetch(self.subscription.batch_size, wait), wait + 30)
+
+    def _hand_back(self, consumer: Consumer, batch: Sequence[Fetched] = ()) -> None:
+        """Release ``batch`` and the batch fetched ahead, both unrecorded, in the order
+        fetched; only once the fetch ahead has ended (or been cancelled), since a fetch
+        under way and a release would both move the transport's place in its queue."""
+        ahead, self.ahead = self.ahead, None
+        later: list[Fetched] = []
+        if ahead is not None:
+            try:
+                later = ahead.result(_AHEAD_SECONDS)
+            except Exception:  # still fetching, or failed: nothing of it is ours to release
+                ahead.cancel()
+        for unrecorded in (batch, later):
+            if unrecorded:
+                run(consumer.release(unrecorded), 30)
 
     def _connected(self) -> Consumer:
         if self.consumer is None:
@@ -159,7 +189,7 @@ class _Worker:
         )
         connections[database_alias()].close()
         try:
-            run(consumer.release(batch), 30)
+            self._hand_back(consumer, batch)
         except Exception:
             self.close()
         self._wait()
@@ -172,6 +202,12 @@ class _Worker:
     def close(self) -> None:
         consumer, self.consumer = self.consumer, None
         if consumer is not None:
+            try:
+                self._hand_back(consumer)
+            except Exception:
+                logger.debug(
+                    "releasing the batch fetched ahead for %s failed", self.subscription.name
+                )
             try:
                 run(consumer.close(), 10)
             except Exception:

@@ -186,7 +186,13 @@ def to_nats(envelope: Envelope) -> dict[str, str]:
 
 def from_nats(headers: Mapping[str, Any] | None, body: bytes) -> Envelope:
     """The envelope of a consumed NATS message."""
-    return Envelope(_from_ce_fields(headers or {}), bytes(body))
+    return from_fields(headers or {}, bytes(body))
+
+
+def from_fields(fields: Mapping[str, Any], body: bytes) -> Envelope:
+    """The envelope of ``ce-<name>`` and ``content-type`` fields (NATS headers, a Redis
+    stream entry's fields other than ``data``) already read as text, and the body."""
+    return Envelope(_from_ce_fields(fields), body)
 
 
 # Redis ----------------------------------------------------------------------
@@ -204,7 +210,7 @@ def from_redis(fields: Mapping[Any, Any]) -> Envelope:
     decoded = {_text(key): value for key, value in fields.items()}
     data = decoded.pop(REDIS_DATA, b"")
     body = data if isinstance(data, bytes) else str(data).encode()
-    return Envelope(_from_ce_fields(decoded), body)
+    return from_fields(decoded, body)
 
 
 def _ce_fields(envelope: Envelope) -> dict[str, str]:

@@ -194,8 +194,9 @@ class Consumer:
 
 def _nats_message(incoming: Any) -> Any:
     headers = {str(k): str(v) for k, v in (incoming.headers or {}).items()}
+    body = bytes(incoming.data)
     try:
-        attributes = dict(envelope.from_nats(incoming.headers, incoming.data).attributes)
+        attributes = envelope.from_fields(headers, body).attributes
     except envelope.EnvelopeError:
         attributes = {}
-    return Message(attributes=attributes, body=bytes(incoming.data), headers=headers)
+    return Message(attributes=attributes, body=body, headers=headers)

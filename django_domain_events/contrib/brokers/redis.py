@@ -83,7 +83,8 @@ class Consumer:
     ``worker_id``. A batch is acknowledged with one ``XACK`` of all its ids. Entries a
     dead consumer left pending are claimed with ``XAUTOCLAIM`` once they have been idle
     for ``ack_wait_seconds``; this consumer's own pending entries (a batch handed back)
-    are read again first.
+    are read again first, each once (from after the last one read: a batch fetched
+    ahead while the one before is recorded must not read that one again).
     """
 
     def __init__(self, config: BrokerConfig, subscription: Any, worker_id: str) -> None:
@@ -91,7 +92,7 @@ class Consumer:
         self.subscription = subscription
         self.worker_id = worker_id
         self.client: Any = None
-        self.own_pending = True
+        self.pending_after: str | None = "0"  # own pending entries after this id; None: none
         self.claimed_at = 0.0
 
     async def connect(self) -> None:
@@ -109,15 +110,16 @@ class Consumer:
         except _DOWN as error:
             await self.close()
             raise BrokerDown(f"{type(error).__name__}: {error}") from error
-        self.own_pending = True
+        self.pending_after = "0"
 
     async def fetch(self, limit: int, wait: float) -> list[Any]:
         sub = self.subscription
-        if self.own_pending:
-            entries = await self._read("0", limit, None)
-            if entries:
-                return entries
-            self.own_pending = False
+        while self.pending_after is not None:
+            reply = await self._entries(self.pending_after, limit, None)
+            self.pending_after = _text(reply[-1][0]) if reply else None
+            fetched = await self._fetched(reply)
+            if fetched:
+                return fetched
         idle_ms = int(float(sub.options.get("ack_wait_seconds", 30.0)) * 1000)
         now = time.monotonic()
         if now - self.claimed_at >= idle_ms / 2000:
@@ -130,12 +132,14 @@ class Consumer:
         return await self._read(">", limit, max(1, int(wait * 1000)))
 
     async def _read(self, start: str, limit: int, block: int | None) -> list[Any]:
+        return await self._fetched(await self._entries(start, limit, block))
+
+    async def _entries(self, start: str, limit: int, block: int | None) -> list[Any]:
         sub = self.subscription
         reply = await self.client.xreadgroup(
             sub.name, self.worker_id, {sub.source: start}, count=limit, block=block
         )
-        entries = [entry for _, stream_entries in reply or [] for entry in stream_entries]
-        return await self._fetched(entries)
+        return [entry for _, stream_entries in reply or [] for entry in stream_entries]
 
     async def _fetched(self, entries: Sequence[Any]) -> list[Any]:
         gone = [entry_id for entry_id, fields in entries if not fields]
@@ -148,7 +152,7 @@ class Consumer:
         await self.client.xack(sub.source, sub.name, *[fetched.token for fetched in batch])
 
     async def release(self, batch: Sequence[Any]) -> None:
-        self.own_pending = True  # still pending for this consumer: read again first
+        self.pending_after = "0"  # still pending for this consumer: read again first
 
     async def close(self) -> None:
         client, self.client = self.client, None
@@ -157,15 +161,19 @@ class Consumer:
                 await client.aclose()
 
 
-def _redis_message(fields: Any) -> Any:
-    def text(value: Any) -> str:
-        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
-    headers = {text(k): text(v) for k, v in fields.items() if text(k) != envelope.REDIS_DATA}
-    data = fields.get(envelope.REDIS_DATA.encode(), fields.get(envelope.REDIS_DATA, b""))
+
+def _redis_message(fields: Any) -> Any:
+    """The inbox's view of a stream entry: every field read as text once (an invalid
+    UTF-8 byte replaced, so the entry is kept dead rather than stopping the consumer)."""
+    decoded = {_text(k): v for k, v in fields.items()}
+    data = decoded.pop(envelope.REDIS_DATA, b"")
     body = data if isinstance(data, bytes) else str(data).encode()
+    headers = {name: _text(value) for name, value in decoded.items()}
     try:
-        attributes = dict(envelope.from_redis(fields).attributes)
+        attributes = envelope.from_fields(headers, body).attributes
     except envelope.EnvelopeError:
         attributes = {}
     return Message(attributes=attributes, body=body, headers=headers)
