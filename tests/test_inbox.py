@@ -135,6 +135,21 @@ def test_a_message_seen_again_adds_nothing(sub) -> None:
     assert record_batch(sub, [other]) == {"recorded": 1}
 
 
+def test_an_ordered_receiver_runs_a_consumed_batch_in_the_messages_order(sub) -> None:
+    """A batch's rows are recorded in the order the broker delivered its messages (one
+    INSERT for the batch on PostgreSQL), so an ordered key runs them in that order."""
+    seen: list[int] = []
+    receiver(OrderPlaced, key="t.in.ordered", ordered_by=lambda evt: "one")(
+        lambda evt: seen.append(evt.order_id)
+    )
+    name = order_placed_name()
+    sent = [7, 3, 11, 1, 9, 5, 0, 8, 2, 10, 4, 6]
+    batch = [message(name, f"m-{n}", {"order_id": n}) for n in sent]
+    assert record_batch(sub, batch) == {"recorded": len(sent)}
+    drain_outbox()
+    assert seen == sent
+
+
 def test_a_batch_runs_eager_rows_after_its_commit_and_tells_listeners(sub) -> None:
     from django_domain_events import signals
 
