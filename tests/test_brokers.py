@@ -365,6 +365,39 @@ def test_one_relay_sends_the_events_of_a_key_in_event_order(broker):
         assert orders == sorted(orders) and len(orders) == 100
 
 
+def test_an_ordered_publish_sends_a_key_only_after_its_earlier_message(broker):
+    """publish(ordered_by=): a key's message waits while the one before it is held (here
+    claimed by another relay), other keys go on; the key's messages arrive in order."""
+    from django_domain_events import clock
+    from django_domain_events.delivery.claim import claim_batch, release
+
+    transport, url, to = broker
+    publish(
+        OrderPlaced,
+        to=to,
+        key=lambda evt: f"customer-{evt.order_id % 2}",
+        ordered_by=lambda evt: evt.order_id % 2,
+    )
+    fire_orders(*range(10))
+    held = claim_batch(worker_id="other", now=clock.now(), lease=300, limit=1)
+    first = DeliveryRecord.objects.order_by("id").first()
+    assert [c.id for c in held] == [first.pk]  # customer-0's first message, held elsewhere
+
+    deliver_pending(batch_size=50)
+    first_read = [env for _, env in brokers.read(transport, url, to)]
+    # customer-1 only: customer-0 waits behind its head
+    assert [env.payload()["order_id"] for env in first_read] == [1, 3, 5, 7, 9]
+
+    release(held)
+    deliver_pending(batch_size=50)
+    found = [env for _, env in brokers.read(transport, url, to)]
+    if transport == "rabbitmq":  # reading a queue takes its messages
+        found = first_read + found
+    for key, orders in (("customer-0", [0, 2, 4, 6, 8]), ("customer-1", [1, 3, 5, 7, 9])):
+        assert [e.payload()["order_id"] for e in found if e.get("partitionkey") == key] == orders
+    assert DeliveryRecord.objects.filter(status=DeliveryStatus.SUCCEEDED).count() == 10
+
+
 def test_a_row_taken_over_before_its_acknowledgement_is_not_counted_as_sent(broker):
     """Another relay took one row over (its lease lapsed) while the batch's confirms were
     outstanding: the others are acknowledged, that one is left to its new holder."""
