@@ -258,7 +258,7 @@ def record_received_many(
             else:  # what _after_insert does with no one to hand the row to
                 _count_scheduled(plan, rows, alias)
                 _after_commit(rows, eager_ids, alias)
-        held = _held_keys(alias, [pair for pair in prepared if pair not in written])
+        holding = _events_holding(alias, [pair for pair in prepared if pair not in written])
     results: list[tuple[int, bool]] = []
     created: set[tuple[str, str]] = set()
     for plan, (_, _, key, _) in zip(plans, items, strict=True):
@@ -267,11 +267,11 @@ def record_received_many(
             created.add(pair)
             results.append((written[pair][0], True))
         else:
-            results.append((written[pair][0] if pair in written else held[pair], False))
+            results.append((written[pair][0] if pair in written else holding[pair], False))
     return results
 
 
-def _held_keys(alias: str, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
+def _events_holding(alias: str, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
     """The ids of the events already holding each ``(name, dedupe_key)``: one query."""
     if not pairs:
         return {}
@@ -478,7 +478,7 @@ def _insert_event(
 def _first_with_key(alias: str, record: EventRecord) -> int:
     """The id of the event that already holds ``record``'s name and dedupe key."""
     pair = (record.name, record.dedupe_key or "")
-    return _held_keys(alias, [pair])[pair]
+    return _events_holding(alias, [pair])[pair]
 
 
 def _insert_deliveries(
