@@ -481,10 +481,14 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
     positions = {
         pk: 0 if args.at_once or pk in alone_ids else n for n, pk in enumerate(ids, args.first)
     }
-    # The owed condition again: on SQLite a second process may have claimed in between.
+    # Where the pick locked the rows they are ours: the primary key alone, so MariaDB
+    # locks nothing more (another index's range would meet other claims' locks and
+    # deadlock). On SQLite the owed condition again: another process may have claimed.
+    rows = DeliveryRecord.objects.using(alias).filter(id__in=ids)
+    if not connections[alias].features.has_select_for_update_skip_locked:
+        rows = _owed_rows(alias, replace(args, ids=ids))
     # attempts first: MySQL evaluates assignments left to right, on the new values.
-    mysql = connections[alias].vendor == "mysql"  # cannot read the table it updates
-    _owed_rows(alias, replace(args, ids=ids), heads=not mysql).update(
+    rows.update(
         attempts=Case(
             When(
                 Q(id__in=charged) & (Q(max_attempts=None) | Q(attempts__lt=F("max_attempts"))),
@@ -509,16 +513,37 @@ def _claim_portable(alias: str, args: _ClaimArgs) -> list[Claim]:
 
 
 def _pick(alias: str, args: _ClaimArgs) -> list[tuple[Any, ...]]:
-    """The owed rows the portable claim takes, locked where the database can skip locks;
-    MariaDB reads ordered heads unlocked, then locks them by pk (``ordering.py``)."""
+    """The owed rows the portable claim takes, locked where the database can skip locks.
+
+    MariaDB locks every row a locking read examines, and for an owed range in rank order
+    it examines them all (a scan and a sort): such a claim would hold the whole backlog,
+    and a relay claiming beside it would find nothing. So the candidates are read
+    unlocked, in rank order, then locked by primary key, skipping the rows another claim
+    holds; a page that leaves the batch short is followed by the next, a few at most.
+    """
     owed = _owed_rows(alias, args)
     if not connections[alias].features.has_select_for_update_skip_locked:
         return list(owed.values_list(*_PICKED_FIELDS)[: args.limit])
-    if ordering.in_use():
-        heads = tuple(owed.values_list("id", flat=True)[: args.limit])
-        owed = _owed_rows(alias, replace(args, ids=heads), heads=False)
-    return list(owed.select_for_update(skip_locked=True).values_list(*_PICKED_FIELDS)[: args.limit])
+    picked: list[tuple[Any, ...]] = []
+    passed: list[int] = []  # candidates read already: taken, or locked by another claim
+    for _ in range(PICK_PAGES):
+        page = _owed_rows(alias, replace(args, exclude=(*args.exclude, *passed)))
+        candidates = tuple(page.values_list("id", flat=True)[: args.limit])
+        if not candidates:
+            break
+        # Unordered, so the database reads the candidates by primary key and nothing else.
+        locking = _owed_rows(alias, replace(args, ids=candidates), heads=False).order_by()
+        rows = locking.select_for_update(skip_locked=True).values_list(*_PICKED_FIELDS)
+        rank = {pk: n for n, pk in enumerate(candidates, len(passed))}
+        passed += candidates
+        picked += sorted(rows, key=lambda row: rank[row[0]])[: args.limit - len(picked)]
+        if len(picked) >= args.limit or len(candidates) < args.limit:
+            break
+    return picked
 
+
+# Pages of candidates a portable claim reads when other claims hold the first ones locked.
+PICK_PAGES = 4
 
 # What the portable claim reads of each picked row, with the pick itself.
 _PICKED_FIELDS = ("id", "status", "claimed_by", "claimed_at", "claim_position", "receiver_key")
