@@ -114,12 +114,8 @@ def phases(events: int, batch: int) -> dict[str, float]:
                 ready: Any = [publishing._admit(alias, c, now, {}) for c in claims]
                 marks.append(("admit (checks, lease)", start, time.perf_counter()))
                 start = time.perf_counter()
-                causes = publishing._causes(alias, {c.event_id for c in claims})
-                marks.append(("causation ids", start, time.perf_counter()))
-                start = time.perf_counter()
                 for row in ready:
-                    cause = causes.get(row.claim.event_id)
-                    publishing._claim_envelope(row.receiver.func, row, cause, source)
+                    publishing._claim_envelope(row.receiver.func, row, source)
                 marks.append(("envelopes", start, time.perf_counter()))
                 start = time.perf_counter()
                 with transaction.atomic():
