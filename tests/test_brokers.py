@@ -489,3 +489,20 @@ def test_a_publish_due_in_a_later_hour_is_acknowledged_with_its_tally(broker):
     assert outbox_health(now=clock.now() + timedelta(hours=2)).scheduled == 0
     found = brokers.read(transport, url, to)
     assert [env.payload()["n"] for _, env in found] == [1]
+
+
+def test_a_publish_run_inside_a_transaction_is_acknowledged_in_it(broker):
+    """``deliver_pending`` called inside the caller's transaction: the acknowledgement is
+    part of it (no statement commits on its own), and visible once it commits."""
+    transport, url, to = broker
+    publish(Pinged, to=to)
+    with transaction.atomic():
+        event_ids = [fire(Pinged(n=n)) for n in range(3)]
+
+    with transaction.atomic():
+        done = deliver_pending()
+        assert done[DeliveryStatus.SUCCEEDED] == 3
+
+    rows = DeliveryRecord.objects.filter(event_id__in=event_ids)
+    assert {r.status for r in rows} == {"succeeded"}
+    assert len(brokers.read(transport, url, to)) == 3

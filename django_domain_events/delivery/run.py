@@ -176,10 +176,10 @@ def acknowledge_held(alias: str, claims: Sequence[Claim]) -> set[int] | None:
     holds, in one statement that commits on its own; the ids it acknowledged. One round
     trip where a transaction takes three (``BEGIN``, the ``UPDATE``, ``COMMIT``): for a
     relay publishing batches, as much as the statement itself. None where this cannot be
-    done alone (not PostgreSQL, inside a transaction, or a row due in a later hour whose
-    tally must change with it): the caller then uses ``acknowledge_all``."""
+    done alone (not PostgreSQL, not in autocommit: inside a transaction, or a row due in
+    a later hour whose tally must change with it): the caller uses ``acknowledge_all``."""
     connection = connections[alias]
-    if connection.vendor != "postgresql" or connection.in_atomic_block:
+    if connection.vendor != "postgresql" or not connection.get_autocommit():
         return None
     if tally.deltas(left=[(c.receiver_key, c.due_at) for c in claims]):
         return None
