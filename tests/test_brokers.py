@@ -21,6 +21,7 @@ from django_domain_events import (
     deliver_one,
     deliver_pending,
     fire,
+    outbox_health,
     receiver,
     tracing,
 )
@@ -469,3 +470,39 @@ def test_the_next_batch_is_claimed_while_the_confirms_are_outstanding(broker):
     assert pipelined > alone
     assert len(brokers.read(transport, url, to)) == 15
     assert not DeliveryRecord.objects.exclude(status="succeeded").exists()
+
+
+def test_a_publish_due_in_a_later_hour_is_acknowledged_with_its_tally(broker):
+    """A row due in a later hour leaves the scheduled tally when the broker confirmed
+    it (its acknowledgement then takes a transaction with the tally's write); the rows
+    due now are acknowledged by one statement; both reach the destination once."""
+    transport, url, to = broker
+    publish(Pinged, to=to, due=timedelta(hours=30))
+    with transaction.atomic():
+        fire(Pinged(n=1))
+    assert outbox_health().scheduled == 1
+
+    done = deliver_pending(now=clock.now() + timedelta(hours=31))
+
+    assert done[DeliveryStatus.SUCCEEDED] == 1
+    assert outbox_health().scheduled == 0
+    assert outbox_health(now=clock.now() + timedelta(hours=2)).scheduled == 0
+    found = brokers.read(transport, url, to)
+    assert [env.payload()["n"] for _, env in found] == [1]
+
+
+def test_a_publish_run_inside_a_transaction_is_acknowledged_in_it(broker):
+    """``deliver_pending`` called inside the caller's transaction: the acknowledgement is
+    part of it (no statement commits on its own), and visible once it commits."""
+    transport, url, to = broker
+    publish(Pinged, to=to)
+    with transaction.atomic():
+        event_ids = [fire(Pinged(n=n)) for n in range(3)]
+
+    with transaction.atomic():
+        done = deliver_pending()
+        assert done[DeliveryStatus.SUCCEEDED] == 3
+
+    rows = DeliveryRecord.objects.filter(event_id__in=event_ids)
+    assert {r.status for r in rows} == {"succeeded"}
+    assert len(brokers.read(transport, url, to)) == 3

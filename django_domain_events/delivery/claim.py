@@ -20,12 +20,14 @@ import functools
 import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connections, transaction
 from django.db.models import Case, F, PositiveIntegerField, Q, TextField, Value, When
 from django.db.models.functions import Cast, Length
+from django.utils import timezone
 
 from .. import clock, conf, priority
 from ..declare import registry
@@ -66,6 +68,7 @@ class Claim:
     correlation_id: str
     last_error: str = ""  # the error of the attempt before this one
     trace_context: str = ""  # the event's, for a tracing integration
+    causation_id: int | None = None  # the event's (a publish's ``causationid``)
     alone: bool = False  # charged for a lapse: run with nothing beside it (lapse.py)
 
 
@@ -303,10 +306,10 @@ WITH picked AS (
               d.due_at, d.expires_at, d.last_error, n.was_rank, n.alone
 )
 SELECT c.id, c.event_id, c.receiver_key, c.target, c.attempts, c.max_attempts,
-       c.due_at, c.expires_at, e.name, e.version,
-       CASE WHEN octet_length(p.text) <= %(inline)s THEN p.text END, e.occurred_at,
+       {micros_due}, {micros_expires}, e.name, e.version,
+       CASE WHEN octet_length(p.text) <= %(inline)s THEN p.text END, {micros_occurred},
        e.actor_key, e.actor_label, e.scope::text, e.correlation_id, c.last_error,
-       e.trace_context, c.alone
+       e.trace_context, e.causation_id, c.alone
 FROM claimed AS c JOIN {event} AS e ON e.id = c.event_id
 -- The stored size first: a payload far too large is never turned into text here.
 CROSS JOIN LATERAL (
@@ -369,6 +372,9 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
         ),
         is_task=_pg_is_task("p.receiver_key"),
         kept=KEPT_SQL,
+        micros_due=_micros("c.due_at"),
+        micros_expires=_micros("c.expires_at"),
+        micros_occurred=_micros("e.occurred_at"),
         **STATUS_SQL,
         due="(available_at <= %(now)s OR (status = {failed} AND due_at <= %(now)s))".format(
             **STATUS_SQL
@@ -382,6 +388,27 @@ def _claim_postgresql(alias: str, args: _ClaimArgs) -> list[Claim]:
     return _claims(rows, args)
 
 
+def _micros(column: str) -> str:
+    """A ``timestamptz`` column as microseconds since the epoch: a claim's 500 rows read
+    as integers cost a tenth of their timestamps parsed by the driver (about 3 ms)."""
+    return f"(extract(epoch FROM {column}) * 1000000)::bigint"
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _moment(value: datetime | int) -> datetime:
+    """A timestamp a claim read (a datetime, or microseconds since the epoch: ``_micros``)
+    in the project's convention: naive ``TIME_ZONE`` time under ``USE_TZ = False``, as the
+    driver would have read it."""
+    if not isinstance(value, int):
+        return clock.normalize(value)
+    moment = _EPOCH + timedelta(microseconds=value)
+    if settings.USE_TZ:
+        return moment
+    return timezone.make_naive(moment, timezone.get_default_timezone())
+
+
 def _claims(
     rows: Sequence[Sequence[Any]], args: _ClaimArgs, alone_ids: Collection[int] = ()
 ) -> list[Claim]:
@@ -389,7 +416,8 @@ def _claims(
     event_id, receiver_key, target, attempts, max_attempts, due_at, expires_at, the
     event's name, version, payload (None when too large), occurred_at, actor_key,
     actor_label, scope, correlation_id, the delivery's last_error, and the event's
-    trace_context, and whether it runs alone (a missing column: ``alone_ids``)."""
+    trace_context and causation_id, and whether it runs alone (a missing column:
+    ``alone_ids``). Timestamps come as datetimes or epoch microseconds (``_moment``)."""
     return [
         Claim(
             id=row[0],
@@ -398,22 +426,23 @@ def _claims(
             target=row[3],
             attempts=row[4],
             max_attempts=row[5],
-            due_at=clock.normalize(row[6]),
-            expires_at=clock.normalize(row[7]) if row[7] is not None else None,
+            due_at=_moment(row[6]),
+            expires_at=_moment(row[7]) if row[7] is not None else None,
             claimed_by=args.worker_id,
             claimed_at=args.now,
             lease_expires_at=args.lease_end,
             event_name=row[8],
             event_version=row[9],
             payload=row[10],
-            occurred_at=clock.normalize(row[11]),
+            occurred_at=_moment(row[11]),
             actor_key=row[12],
             actor_label=row[13],
             scope=row[14],
             correlation_id=row[15],
             last_error=row[16],
             trace_context=row[17],
-            alone=bool(row[18]) if len(row) > 18 else row[0] in alone_ids,
+            causation_id=row[18],
+            alone=bool(row[19]) if len(row) > 19 else row[0] in alone_ids,
         )
         for row in rows
     ]
@@ -615,6 +644,7 @@ def _held(alias: str, args: _ClaimArgs, alone_ids: Collection[int] = ()) -> list
             "event__correlation_id",
             "last_error",
             "event__trace_context",
+            "event__causation_id",
         )
         .order_by("id")[: args.limit]
     )

@@ -162,12 +162,42 @@ def acknowledge_all(alias: str, claims: Sequence[Claim]) -> bool:
     compare-and-set ``UPDATE``, in the caller's transaction; False when a row was lost
     to another worker. For deliveries settled together: ``ack="batch"`` groups, and a
     batch of publishes once the broker confirmed it (``contrib.brokers``)."""
+    connection = connections[alias]
+    sql, params = _acknowledge_sql(alias, claims)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        written = cursor.rowcount
+    tally.record(alias, left=[(c.receiver_key, c.due_at) for c in claims])
+    return bool(written == len(claims))
+
+
+def acknowledge_held(alias: str, claims: Sequence[Claim]) -> set[int] | None:
+    """Record the success of the rows of ``claims`` (rows of one claim) this claim still
+    holds, in one statement that commits on its own; the ids it acknowledged. One round
+    trip where a transaction takes three (``BEGIN``, the ``UPDATE``, ``COMMIT``): for a
+    relay publishing batches, as much as the statement itself. None where this cannot be
+    done alone (not PostgreSQL, not in autocommit: inside a transaction, or a row due in
+    a later hour whose tally must change with it): the caller uses ``acknowledge_all``."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql" or not connection.get_autocommit():
+        return None
+    if tally.deltas(left=[(c.receiver_key, c.due_at) for c in claims]):
+        return None
+    sql, params = _acknowledge_sql(alias, claims)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING id", params)
+        return {row[0] for row in cursor.fetchall()}
+
+
+def _acknowledge_sql(alias: str, claims: Sequence[Claim]) -> tuple[str, list[Any]]:
+    """The compare-and-set ``UPDATE`` recording the success of ``claims``; on PostgreSQL
+    the ids are one array parameter (a short statement, parsed once)."""
     first = claims[0]
     connection = connections[alias]
     quote, adapt = connection.ops.quote_name, connection.ops.adapt_datetimefield_value
     done = clock.now()
     ids: list[Any] = [claim.id for claim in claims]
-    if connection.vendor == "postgresql":  # one array: a short statement, parsed once
+    if connection.vendor == "postgresql":
         among, ids = "= ANY(%s)", [ids]
     else:
         among = f"IN ({', '.join(['%s'] * len(ids))})"
@@ -179,11 +209,7 @@ def acknowledge_all(alias: str, claims: Sequence[Claim]) -> bool:
         f"AND id {among}"
     )
     params = [adapt(done), adapt(done), first.claimed_by, adapt(first.claimed_at)]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *ids])
-        written = cursor.rowcount
-    tally.record(alias, left=[(c.receiver_key, c.due_at) for c in claims])
-    return bool(written == len(claims))
+    return sql, [*params, *ids]
 
 
 def _update_claimed(alias: str, claim: Claim, assignments: dict[str, Any]) -> bool:

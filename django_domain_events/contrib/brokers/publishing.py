@@ -13,12 +13,12 @@ outage left unconfirmed handed back uncharged.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 
 from ... import clock
 from ...declare import AnyEvent, receiver, registry
@@ -29,13 +29,14 @@ from ...delivery.run import (
     Ready,
     acknowledge,
     acknowledge_all,
+    acknowledge_held,
     admit,
     prepare,
     record_failure,
     report_success,
     warn_lease_lost,
 )
-from ...models import DeliveryRecord, DeliveryStatus, EventRecord
+from ...models import DeliveryRecord, DeliveryStatus
 from . import envelope
 from .config import broker as broker_config
 from .config import destination_problem, event_source
@@ -203,8 +204,9 @@ def deliver_batch(
     """Send every row, run ``meanwhile()`` while the confirms are outstanding, await them,
     acknowledge the confirmed rows in one commit.
 
-    The message body is the stored payload, so a row's event is decoded only when its
-    publish has a ``key=`` to call; a batch costs the same few queries whatever its size.
+    The message body is the stored payload and the claim carries every attribute, so a
+    row's event is decoded only when its publish has a ``key=`` to call; a batch costs the
+    same few queries whatever its size.
     """
     alias = database_alias()
     results: dict[int, Result] = {}
@@ -216,13 +218,12 @@ def deliver_batch(
             ready.append(prepared)
         else:
             results[claim.id] = prepared
-    causes = _causes(alias, {r.claim.event_id for r in ready}) if ready else {}
     messages: list[tuple[Ready | Admitted, Outgoing]] = []
     source = event_source()
     for row in ready:
         publication: Any = row.receiver.func
         try:
-            env = _claim_envelope(publication, row, causes.get(row.claim.event_id), source)
+            env = _claim_envelope(publication, row, source)
         except Exception as error:  # key= raised, or the payload is unreadable: this row
             results[row.claim.id] = record_failure(row.claim, row.receiver, error, now=now)
             continue
@@ -237,22 +238,6 @@ def deliver_batch(
     return [results[claim.id] for claim in claims]
 
 
-def _causes(alias: str, event_ids: Collection[int]) -> dict[int, int | None]:
-    """Each event's causation id, the one field of the message a claim does not carry:
-    one query per batch, on PostgreSQL with one array parameter (a short statement the
-    client parses once, not one placeholder per event)."""
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
-        rows = EventRecord.objects.using(alias).filter(pk__in=event_ids)
-        return dict(rows.values_list("pk", "causation_id"))
-    table = connection.ops.quote_name(EventRecord._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT id, causation_id FROM {table} WHERE id = ANY(%s)", [list(event_ids)]
-        )
-        return dict(cursor.fetchall())
-
-
 class _Lost(Exception):
     """A confirmed row of the batch is no longer this claim's: acknowledge one by one."""
 
@@ -260,10 +245,14 @@ class _Lost(Exception):
 def _acknowledged(
     alias: str, confirmed: Sequence[Ready | Admitted]
 ) -> list[tuple[Ready | Admitted, bool]]:
-    """Acknowledge the confirmed rows in one commit; when one was taken over meanwhile,
-    each on its own, so only the rows this claim still holds count as sent."""
+    """Acknowledge the confirmed rows in one commit, and only those this claim still holds
+    (one taken over meanwhile is the other worker's to settle): on PostgreSQL one
+    statement that answers which; elsewhere one transaction, else each row on its own."""
     if not confirmed:
         return []
+    held = acknowledge_held(alias, [row.claim for row in confirmed])
+    if held is not None:
+        return [(row, row.claim.id in held) for row in confirmed]
     try:
         with transaction.atomic(using=alias):
             if not acknowledge_all(alias, [row.claim for row in confirmed]):
@@ -284,9 +273,7 @@ def _admit(
     return prepare(alias, claim, now, decoded)
 
 
-def _claim_envelope(
-    publication: Publication, ready: Ready | Admitted, causation: int | None, source: str
-) -> Any:
+def _claim_envelope(publication: Publication, ready: Ready | Admitted, source: str) -> Any:
     claim = ready.claim
     row = Row(
         event_id=claim.event_id,
@@ -296,7 +283,7 @@ def _claim_envelope(
         payload=event_payload(claim),
         occurred_at=claim.occurred_at,
         correlation_id=claim.correlation_id,
-        causation_id=causation,
+        causation_id=claim.causation_id,
         trace_context=claim.trace_context,
         expires_at=claim.expires_at,
     )
