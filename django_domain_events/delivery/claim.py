@@ -156,9 +156,10 @@ def claim_batch(
         at_once,
         alone_ok,
     )
-    limited = limits.declared(only if only is not None else declared_keys())
+    keys = only if only is not None else declared_keys()
+    limited = limits.declared(keys)
     if limited:
-        return _claim_within_limits(alias, args, limited)
+        return _claim_within_limits(alias, args, limited, keys)
     return _claim(alias, args)
 
 
@@ -170,28 +171,33 @@ def _claim(alias: str, args: _ClaimArgs) -> list[Claim]:
 
 
 def _claim_within_limits(
-    alias: str, args: _ClaimArgs, limited: Sequence[limits.Limit]
+    alias: str, args: _ClaimArgs, limited: Sequence[limits.Limit], keys: Sequence[str]
 ) -> list[Claim]:
-    """The limited receivers' rows first, each up to what its limit allows now, in one
-    transaction holding the limits' rows locked (``limits.py``); then the rest of the
-    lane, after the commit, so the lock never slows the unlimited receivers' claims.
-    A row that must run alone (``lapse.py``) ends the claim."""
+    """The limited receivers' rows first, each within every limit holding it as it allows
+    now, in one transaction holding the limits' rows locked (``limits.py``); then the rest
+    of the lane, after the commit, so the lock never slows the unlimited receivers'
+    claims. A row that must run alone (``lapse.py``) ends the claim."""
     claims: list[Claim] = []
     taken: dict[str, int] = {}
     asking = limits.worth_asking(alias, limited, args.now)
     with transaction.atomic(using=alias):
         grants = limits.allowances(alias, asking, args.now) if asking else []
-        for grant in grants:
-            room = min(grant.rows, args.limit - len(claims))
+        left = {grant.limit.key: grant.rows for grant in grants}
+        for receivers, holding in limits.takes(limited, keys):
+            room = min([left.get(lm.key, 0) for lm in holding] + [args.limit - len(claims)])
             if room < 1 or any(claim.alone for claim in claims):
                 continue
-            got = _claim(alias, _more(args, claims, only=(grant.limit.key,), limit=room))
-            taken[grant.limit.key] = len(got)
-            claims += got
+            got = len(claims)
+            claims += _claim(alias, _more(args, claims, only=receivers, limit=room))
+            for lm in holding:
+                left[lm.key] -= len(claims) - got
+                taken[lm.key] = taken.get(lm.key, 0) + len(claims) - got
         limits.spend(alias, grants, taken)
     rest = args.limit - len(claims)
+    skip = tuple(sorted({key for lm in limited for key in lm.members}))
+    if args.only is not None and args.orphans is None and set(args.only) <= set(skip):
+        return claims  # every receiver of the lane is limited: no rest
     if rest > 0 and not any(claim.alone for claim in claims):
-        skip = tuple(limit.key for limit in limited)
         claims += _claim(alias, _more(args, claims, only=args.only, limit=rest, skip=skip))
     return claims
 
