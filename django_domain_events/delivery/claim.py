@@ -187,18 +187,22 @@ def _claim_within_limits(
             room = min([left.get(lm.key, 0) for lm in holding] + [args.limit - len(claims)])
             if room < 1 or any(claim.alone for claim in claims):
                 continue
-            got = len(claims)
-            claims += _claim(alias, _more(args, claims, only=receivers, limit=room))
+            got = _claim(alias, _more(args, claims, only=receivers, limit=room))
+            if len(got) < room:  # none of their rows left due: not asked for a moment
+                limits.note_idle(alias, receivers, args.now)
             for lm in holding:
-                left[lm.key] -= len(claims) - got
-                taken[lm.key] = taken.get(lm.key, 0) + len(claims) - got
+                left[lm.key] -= len(got)
+                taken[lm.key] = taken.get(lm.key, 0) + len(got)
+            claims += got
         limits.spend(alias, grants, taken)
     rest = args.limit - len(claims)
     skip = tuple(sorted({key for lm in limited for key in lm.members}))
-    if args.only is not None and args.orphans is None and set(args.only) <= set(skip):
-        return claims  # every receiver of the lane is limited: no rest
-    if rest > 0 and not any(claim.alone for claim in claims):
+    every_one_limited = args.only is not None and args.orphans is None
+    every_one_limited = every_one_limited and set(args.only or ()) <= set(skip)
+    if rest > 0 and not every_one_limited and not any(claim.alone for claim in claims):
         claims += _claim(alias, _more(args, claims, only=args.only, limit=rest, skip=skip))
+    if not claims:
+        limits.forget_idle(alias)
     return claims
 
 

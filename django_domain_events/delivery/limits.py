@@ -30,7 +30,11 @@ taking its rows, and this one claims the rest of the lane at once.
 A relay whose claim found a rate empty sleeps until the next token (``seconds_to_token``)
 rather than its poll interval, and its claims leave that limit alone until the bucket
 holds ``Limit.gather`` tokens again (``worth_asking``): they neither lock it nor wait for
-it, and a busy rate costs a transaction per few rows, not per row.
+it, and a busy rate costs a transaction per few rows, not per row. Two more things keep
+a limit from costing the rest of its lane a transaction per claim: a rate another relay's
+claim held is left alone until a few tokens could have come, and a limited receiver a
+claim found nothing due of is not asked for ``IDLE_SECONDS`` while the relay keeps
+finding work (``note_idle``, ``forget_idle``).
 """
 
 from __future__ import annotations
@@ -171,7 +175,15 @@ _next_token = math.inf
 # is known to hold less than ``Limit.gather``: other relays only take tokens, so no claim
 # before then need lock it.
 # Keyed by the whole limit, so a receiver declared again with other limits asks afresh.
+# A rate-only limit another claim held locked is left alone the same way, for as long as
+# it takes to gather (its holder is spending its tokens). A concurrency is asked again at
+# the next claim: its places come back as rows end, not as time passes.
 _empty_until: dict[tuple[str, Limit], datetime] = {}
+# Per database and limited receiver, the moment before which a busy relay's claims need
+# not ask for it: a claim found none of its rows due (``note_idle``). Dropped when a claim
+# comes back empty (``forget_idle``), so an idle relay woken by a new row asks at once.
+_idle_until: dict[tuple[str, str], datetime] = {}
+IDLE_SECONDS = 0.2
 
 
 def worth_asking(alias: str, limits: Iterable[Limit], now: datetime) -> tuple[Limit, ...]:
@@ -182,6 +194,9 @@ def worth_asking(alias: str, limits: Iterable[Limit], now: datetime) -> tuple[Li
     fresh = {lm for lm in limits if not _known_empty(alias, lm, now)}
 
     def open_to(key: str) -> bool:
+        idle = _idle_until.get((alias, key))
+        if idle is not None and (idle.tzinfo is None) == (now.tzinfo is None) and now < idle:
+            return False
         return all(other in fresh for other in limits if key in other.members)
 
     return tuple(lm for lm in limits if lm in fresh and any(map(open_to, lm.members)))
@@ -201,9 +216,15 @@ def allowances(alias: str, limits: Collection[Limit], now: datetime) -> list[Gra
     """
     global _next_token
     state = _locked(alias, limits, now)
+    wait = math.inf
+    for held in [limit for limit in limits if limit.key not in state]:
+        if held.rate is not None and held.concurrency is None:  # its holder spends it
+            seconds = held.gather / held.rate
+            _empty_until[alias, held] = now + timedelta(seconds=seconds)
+            wait = min(wait, seconds)
     limits = [limit for limit in limits if limit.key in state]
     running = running_counts(alias, {k for lm in limits if lm.concurrency for k in lm.members}, now)
-    grants, wait = [], math.inf
+    grants = []
     for limit in limits:
         in_use = sum(running.get(key, 0) for key in limit.members)
         grant, seconds = _grant(limit, state[limit.key], in_use, now)
@@ -213,6 +234,20 @@ def allowances(alias: str, limits: Collection[Limit], now: datetime) -> list[Gra
             _spent_until(alias, grant, grant.tokens)
     _next_token = time.monotonic() + wait
     return grants
+
+
+def note_idle(alias: str, keys: Iterable[str], now: datetime) -> None:
+    """Remember that a claim at ``now`` found no more due rows of these limited
+    receivers: this process's claims leave them alone for ``IDLE_SECONDS``."""
+    for key in keys:
+        _idle_until[alias, key] = now + timedelta(seconds=IDLE_SECONDS)
+
+
+def forget_idle(alias: str) -> None:
+    """A claim came back empty: the relay may sleep now, and its next claim (a new row's
+    wake-up) must ask every limited receiver again."""
+    for pair in [pair for pair in _idle_until if pair[0] == alias]:
+        del _idle_until[pair]
 
 
 def _locked(alias: str, limits: Collection[Limit], now: datetime) -> dict[str, LimitRecord]:
