@@ -30,11 +30,10 @@ taking its rows, and this one claims the rest of the lane at once.
 A relay whose claim found a rate empty sleeps until the next token (``seconds_to_token``)
 rather than its poll interval, and its claims leave that limit alone until the bucket
 holds ``Limit.gather`` tokens again (``worth_asking``): they neither lock it nor wait for
-it, and a busy rate costs a transaction per few rows, not per row. Two more things keep
-a limit from costing the rest of its lane a transaction per claim: a rate another relay's
-claim held is left alone until a few tokens could have come, and a limited receiver a
+it, and a busy rate costs a transaction per few rows, not per row. A limited receiver a
 claim found nothing due of is not asked for ``IDLE_SECONDS`` while the relay keeps
-finding work (``note_idle``, ``forget_idle``).
+finding work (``note_idle``, ``forget_idle``), so an idle limit does not cost its lane a
+locked transaction at every claim.
 """
 
 from __future__ import annotations
@@ -175,9 +174,9 @@ _next_token = math.inf
 # is known to hold less than ``Limit.gather``: other relays only take tokens, so no claim
 # before then need lock it.
 # Keyed by the whole limit, so a receiver declared again with other limits asks afresh.
-# A rate-only limit another claim held locked is left alone the same way, for as long as
-# it takes to gather (its holder is spending its tokens). A concurrency is asked again at
-# the next claim: its places come back as rows end, not as time passes.
+# A limit another claim held locked is asked again at the next claim: its holder may take
+# fewer rows than the bucket holds (as many as it has free slots), and a relay that left
+# it alone for a while would lose the rest (measured: the rate fell to half under load).
 _empty_until: dict[tuple[str, Limit], datetime] = {}
 # Per database and limited receiver, the moment before which a busy relay's claims need
 # not ask for it: a claim found none of its rows due (``note_idle``). Dropped when a claim
@@ -217,11 +216,6 @@ def allowances(alias: str, limits: Collection[Limit], now: datetime) -> list[Gra
     global _next_token
     state = _locked(alias, limits, now)
     wait = math.inf
-    for held in [limit for limit in limits if limit.key not in state]:
-        if held.rate is not None and held.concurrency is None:  # its holder spends it
-            seconds = held.gather / held.rate
-            _empty_until[alias, held] = now + timedelta(seconds=seconds)
-            wait = min(wait, seconds)
     limits = [limit for limit in limits if limit.key in state]
     running = running_counts(alias, {k for lm in limits if lm.concurrency for k in lm.members}, now)
     grants = []
