@@ -4,7 +4,9 @@ Four ``deliver_events --lane metered --concurrency 8`` processes run until every
 run, in rounds that alternate three cases: the unlimited receiver's rows alone; the same
 rows behind a backlog of the 50/s receiver's rows (fired first, so ahead in claim order);
 and, as the control, the same rows while this process fires rows of a third, unlimited,
-receiver at 50/s: the same work per second as the limited receiver's, without a limit.
+receiver at 50/s: the same work per second as the limited receiver's, without a limit
+(fired with ``priority=99``, so that they run as they come, ahead of the unlimited rows in
+claim order as the limited rows are; fired plainly they would wait behind all of them).
 Each receiver logs when it ran; the figures come from those intervals: the unlimited
 receiver's rows per second in each case (first start to last end), and the limited
 receiver's rate over every 10 s window of its run. On a host the relays keep busy, the
@@ -15,6 +17,7 @@ over the control is what the limit itself costs the other receiver.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -32,6 +35,9 @@ from .events import METERED_KEY, PACED_KEY, UNMETERED_KEY, Metered, Paced, Unmet
 from .measure import reset_tables
 
 RELAYS, CONCURRENCY = 4, 8
+# The control's rows go this far ahead of the unlimited rows fired before the round (99:
+# 0.99 of PRIORITY_AGING_SECONDS, a minute by default), so they run as they come.
+PACED_PRIORITY = 99
 CHILD = Path(__file__).resolve().parent / "relay_child.py"
 
 
@@ -41,6 +47,14 @@ class Round:
 
     unmetered: list[tuple[float, float]]
     metered: list[tuple[float, float]]
+    relay_cpu: float = 0.0  # seconds of CPU (user + system) the four relays used in all
+
+    @property
+    def cpu_per_row(self) -> float:
+        """The relays' CPU per row run, of either receiver, in milliseconds: what the
+        limit costs them, whatever else loads the host."""
+        rows = len(self.unmetered) + len(self.metered)
+        return 1000 * self.relay_cpu / rows if rows else 0.0
 
     @property
     def unmetered_rate(self) -> float:
@@ -85,6 +99,7 @@ def run_round(
         go = Path(tmp) / "go"
         env = {**os.environ, "DDE_BENCH_LIMITS_LOG": str(log), "DDE_BENCH_GO_FILE": str(go)}
         children = []
+        used = _children_cpu()
         for index in range(RELAYS):
             ready = Path(tmp) / f"ready-{index}"
             children.append(
@@ -107,13 +122,19 @@ def run_round(
                 if child.poll() is None:
                     child.send_signal(signal.SIGTERM)
             errors = [child.communicate(timeout=120)[1] for child in children]
+        used = _children_cpu() - used
         if any(child.returncode not in (0, -signal.SIGTERM) for child in children):
             raise RuntimeError(f"a relay failed: {errors}")
         found = _intervals(log)
     reset_tables()
     return Round(
-        found.get(UNMETERED_KEY, []), found.get(METERED_KEY, []) or found.get(PACED_KEY, [])
+        found.get(UNMETERED_KEY, []), found.get(METERED_KEY, []) or found.get(PACED_KEY, []), used
     )
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _intervals(log: Path) -> dict[str, list[tuple[float, float]]]:
@@ -131,11 +152,15 @@ def _wait_for(
     began = time.monotonic()
     deadline, fired, checked = began + 600, 0, 0.0
     while time.monotonic() < deadline:
-        if paced:  # the control's rows, one at a time, at the rate
-            while fired < (time.monotonic() - began) * paced:
+        if paced:  # the control's rows, at the rate: those owed by now, in one commit
+            owed = int((time.monotonic() - began) * paced) - fired
+            if owed > 0:  # one at a time, a loaded host could not fire 50/s and look up
                 with transaction.atomic():
-                    fire(Paced(n=fired))
-                fired += 1
+                    for _ in range(owed):
+                        # Ahead of the unlimited rows in claim order, as the limited rows
+                        # are: fired as they are, they would wait behind all of them.
+                        fire(Paced(n=fired), priority=PACED_PRIORITY)
+                        fired += 1
         if time.monotonic() - checked >= 0.2:
             checked = time.monotonic()
             found = _intervals(log)

@@ -867,15 +867,23 @@ def section_limits(sizes: dict[str, int], summary: Summary, note: str) -> None:
         f"rows of a {METERED_RATE} receiver fired first; {rounds} alternating rounds{note}"
     )
     alone, beside, control, windows = [], [], [], []
+    cpu: dict[str, list[float]] = {"alone": [], "beside": [], "control": []}
     for _ in range(rounds):
-        alone.append(lim.run_round(free, 0).unmetered_rate)
+        load = os.getloadavg()[0]
+        solo = lim.run_round(free, 0)
+        alone.append(solo.unmetered_rate)
         both = lim.run_round(free, metered)
         beside.append(both.unmetered_rate)
         windows += both.windows()
-        control.append(lim.run_round(free, 0, paced=50.0).unmetered_rate)
+        paced = lim.run_round(free, 0, paced=50.0)
+        control.append(paced.unmetered_rate)
+        for case, done in (("alone", solo), ("beside", both), ("control", paced)):
+            cpu[case].append(done.cpu_per_row)
         print(
-            f"  round: alone {alone[-1]:,.1f}/s, beside the 50/s limit {beside[-1]:,.1f}/s, "
-            f"beside 50/s unlimited {control[-1]:,.1f}/s",
+            f"  round (load {load:.1f}): alone {alone[-1]:,.1f}/s, beside the 50/s limit "
+            f"{beside[-1]:,.1f}/s, beside 50/s unlimited {control[-1]:,.1f}/s; relay CPU "
+            f"per row {solo.cpu_per_row:.2f} / {both.cpu_per_row:.2f} / "
+            f"{paced.cpu_per_row:.2f} ms",
             flush=True,
         )
     ratio = sum(beside) / sum(alone)
@@ -893,6 +901,8 @@ def section_limits(sizes: dict[str, int], summary: Summary, note: str) -> None:
     )
     own = sum(beside) / sum(control)
     figure("ratio beside the limit / beside the control", own, "the limit's own cost", ".2f")
+    for case, text in (("alone", "alone"), ("beside", "beside the limit"), ("control", "control")):
+        figure(f"relay CPU per row run, {text}", sum(cpu[case]) / rounds, "ms", ".2f")
     summary.append(("unlimited beside 50/s, over alone", f"{ratio:.2f}", ">= 0.9", verdict))
     summary.append(("... over beside 50/s unlimited", f"{own:.2f}", "(info)", ""))
     low, high = min(windows, default=0.0), max(windows, default=0.0)

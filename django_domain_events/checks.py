@@ -303,3 +303,52 @@ def check_rows(app_configs: Any = None, databases: Any = None, **kwargs: Any) ->
             )
         )
     return found
+
+
+@register(Tags.compatibility)
+def check_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A ``limit_group=`` no ``LIMIT_GROUPS`` entry declares; a ``LANE_LIMITS`` lane no
+    receiver is on; a receiver key that reads as a group's or lane's limit."""
+    if conf.problems(getattr(django_settings, conf.SETTINGS_NAME, {})):
+        return []  # check_settings reports them
+    from .delivery.limits import GROUP_PREFIX, LANE_PREFIX
+
+    settings = conf.get()
+    groups, lanes = settings.LIMIT_GROUPS or {}, settings.LANE_LIMITS or {}
+    found: list[CheckMessage] = []
+    for declared in registry.receivers:
+        if declared.limit_group is not None and declared.limit_group not in groups:
+            close = difflib.get_close_matches(declared.limit_group, list(groups), n=1)
+            found.append(
+                Error(
+                    f"Receiver {declared.key!r} names limit_group={declared.limit_group!r}, "
+                    "which DJANGO_DOMAIN_EVENTS['LIMIT_GROUPS'] does not declare: its rows "
+                    "would run unlimited by the group."
+                    + (f" Did you mean {close[0]!r}?" if close else ""),
+                    hint=f"Add LIMIT_GROUPS[{declared.limit_group!r}] = "
+                    "{'rate_limit': '50/s'} (or 'concurrency_limit'), or fix the name.",
+                    id="django_domain_events.E022",
+                )
+            )
+        if declared.key.startswith((GROUP_PREFIX, LANE_PREFIX)) and (
+            declared.rate_limit is not None or declared.concurrency_limit is not None
+        ):
+            found.append(
+                Error(
+                    f"Receiver {declared.key!r} has limits of its own, and its key reads as "
+                    "a group's or a lane's limit, whose state it would share.",
+                    hint="Give the receiver a key that does not start with 'group:' or 'lane:'.",
+                    id="django_domain_events.E023",
+                )
+            )
+    declared_lanes = {r.lane for r in registry.receivers if r.durable}
+    for lane in sorted(set(lanes) - declared_lanes):
+        found.append(
+            checks.Warning(
+                f"DJANGO_DOMAIN_EVENTS['LANE_LIMITS'] limits lane {lane!r}, and no durable "
+                "receiver is declared on it: the limit holds nothing.",
+                hint="Fix the lane's name, or drop the entry.",
+                id="django_domain_events.W007",
+            )
+        )
+    return found

@@ -48,6 +48,10 @@ class Settings:
     # A row waiting longer than this goes before every row that comes due after it,
     # whatever its priority (priority.py).
     PRIORITY_AGING_SECONDS: float = 60.0
+    # Limits shared by a named group of receivers (``@receiver(limit_group=)``) and by
+    # every receiver of a lane: name -> {"rate_limit": "50/s", "concurrency_limit": 10}.
+    LIMIT_GROUPS: Any = None
+    LANE_LIMITS: Any = None
     # contrib.brokers: named brokers (checked by contrib/brokers/config.py) and the
     # CloudEvents ``source`` of what this service publishes (None: the project's name).
     BROKERS: Any = None
@@ -192,6 +196,53 @@ def _integrations(raw: dict[Any, Any]) -> Iterator[str]:
         )
 
 
+_LIMIT_OPTIONS = ("rate_limit", "concurrency_limit")
+
+
+def _shared_limits(raw: dict[Any, Any]) -> Iterator[str]:
+    """``LIMIT_GROUPS`` and ``LANE_LIMITS``: each name maps to a rate and/or a concurrency,
+    written as the receiver options are."""
+    for setting, what in (("LIMIT_GROUPS", "group"), ("LANE_LIMITS", "lane")):
+        declared = raw.get(setting)
+        if declared is None:
+            continue
+        if not isinstance(declared, dict):
+            yield (
+                f"{SETTINGS_NAME}[{setting!r}] must be a dict of {what} name -> "
+                f"{{'rate_limit': '50/s', 'concurrency_limit': 10}}, not {declared!r}."
+            )
+            continue
+        for name, limit in declared.items():
+            yield from _shared_limit(f"{SETTINGS_NAME}[{setting!r}][{name!r}]", name, limit)
+
+
+def _shared_limit(where: str, name: object, limit: object) -> Iterator[str]:
+    from .receiver_options import MAX_LANE_LENGTH, per_second  # imports nothing of Django
+
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_LANE_LENGTH:
+        yield f"{where}: the name must be a non-empty string of at most {MAX_LANE_LENGTH} chars."
+        return
+    if not isinstance(limit, dict) or not limit or set(limit) - set(_LIMIT_OPTIONS):
+        yield (
+            f"{where} must be a dict with 'rate_limit' (such as '50/s') and/or "
+            f"'concurrency_limit' (an int >= 1), not {limit!r}."
+        )
+        return
+    if all(limit.get(option) is None for option in _LIMIT_OPTIONS):
+        yield f"{where} limits nothing: give it a 'rate_limit' or a 'concurrency_limit'."
+    rate = limit.get("rate_limit")
+    if rate is not None:
+        try:
+            per_second(rate, where=f"{where}['rate_limit']")
+        except ValueError as error:
+            yield str(error)
+    concurrency = limit.get("concurrency_limit")
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        yield f"{where}['concurrency_limit'] must be an int >= 1 or None, not {concurrency!r}."
+
+
 # In the order ``problems`` reports them.
 _CHECKS: tuple[Callable[[dict[Any, Any]], Iterator[str]], ...] = (
     _unknown_keys,
@@ -200,6 +251,7 @@ _CHECKS: tuple[Callable[[dict[Any, Any]], Iterator[str]], ...] = (
     _flags_and_paths,
     _timing,
     _integrations,
+    _shared_limits,
 )
 
 

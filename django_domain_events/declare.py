@@ -77,6 +77,7 @@ class RegisteredReceiver:
     priority: int = 0  # within a lane, higher first among due rows, with aging (priority.py)
     rate_limit: str | None = None  # "50/s": held across every relay (delivery/limits.py)
     concurrency_limit: int | None = None  # at most this many running, across every relay
+    limit_group: str | None = None  # shares the limits of LIMIT_GROUPS[limit_group]
     # The key whose rows run one at a time, in firing order (delivery/ordering.py).
     ordered_by: Callable[[Any], str | int] | None = None
     on_dead: str = "skip"  # "block": a dead row holds its key's later rows
@@ -387,6 +388,7 @@ def receiver(
     priority: int = 0,
     rate_limit: str | None = None,
     concurrency_limit: int | None = None,
+    limit_group: str | None = None,
     ordered_by: Callable[[Any], str | int] | None = None,
     on_dead: str = "skip",
 ) -> Callable[[F], F]:
@@ -402,7 +404,9 @@ def receiver(
     waiting longer than ``PRIORITY_AGING_SECONDS`` goes before every row that came due
     after it, whatever their priority. ``rate_limit`` (``"50/s"``, ``"600/m"``,
     ``"1000/h"``) and ``concurrency_limit`` hold across every relay and slot: a row the
-    limit does not allow now is left owed, unclaimed and uncharged.
+    limit does not allow now is left owed, unclaimed and uncharged. ``limit_group``
+    names a group of the ``LIMIT_GROUPS`` setting whose limits the receiver shares with
+    the group's other receivers (its own, if any, hold as well).
 
     ``ordered_by`` (a function of the event, computed at ``fire()``): rows with one key
     run one at a time, in the order they were recorded, across every relay and slot;
@@ -433,6 +437,7 @@ def receiver(
         priority=priority,
         rate_limit=rate_limit,
         concurrency_limit=concurrency_limit,
+        limit_group=limit_group,
         ordered_by=ordered_by,
         on_dead=on_dead,
     )
@@ -489,6 +494,7 @@ def _registered_receiver(
         priority=o.priority,
         rate_limit=o.rate_limit,
         concurrency_limit=o.concurrency_limit,
+        limit_group=o.limit_group,
         ordered_by=o.ordered_by,
         on_dead=o.on_dead,
     )

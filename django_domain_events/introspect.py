@@ -259,16 +259,19 @@ class OutboxHealth:
 
 @dataclass(frozen=True)
 class LimitStatus:
-    """A receiver's ``rate_limit=`` / ``concurrency_limit=``, their use now, and the rows
-    waiting for them (owed, due and not claimed)."""
+    """A declared limit (a receiver's ``rate_limit=`` / ``concurrency_limit=``, a group's
+    of ``LIMIT_GROUPS`` or a lane's of ``LANE_LIMITS``), its use now, and the rows waiting
+    for it (owed, due and not claimed)."""
 
-    key: str
+    key: str  # the receiver's key, "group:<name>" or "lane:<name>"
     rate_limit: str | None
     concurrency_limit: int | None
     running: int  # rows under a live lease, across every relay
     tokens: float | None  # the rate's bucket now; None without a rate
     waiting: int
     paused_until: datetime | None = None  # RetryAfter from the receiver: no relay claims
+    kind: str = "receiver"  # "receiver", "group" or "lane"
+    members: tuple[str, ...] = ()  # the receivers the limit holds
 
 
 def limit_status(alias: str, moment: datetime, waiting: dict[str, int]) -> tuple[LimitStatus, ...]:
@@ -278,10 +281,9 @@ def limit_status(alias: str, moment: datetime, waiting: dict[str, int]) -> tuple
         return ()
     keys = [limit.key for limit in declared]
     buckets = {row.key: row for row in LimitRecord.objects.using(alias).filter(key__in=keys)}
-    running = limits.running_counts(alias, keys, moment)
+    running = limits.running_counts(alias, {k for lm in declared for k in lm.members}, moment)
     found = []
     for limit in declared:
-        receiver = registry.receiver(limit.key)
         bucket = buckets.get(limit.key)
         tokens: float | None = None
         if limit.rate is not None:
@@ -293,12 +295,14 @@ def limit_status(alias: str, moment: datetime, waiting: dict[str, int]) -> tuple
         found.append(
             LimitStatus(
                 key=limit.key,
-                rate_limit=receiver.rate_limit if receiver is not None else None,
+                rate_limit=limit.rate_text,
                 concurrency_limit=limit.concurrency,
-                running=running.get(limit.key, 0),
+                running=sum(running.get(key, 0) for key in limit.members),
                 tokens=tokens,
-                waiting=waiting.get(limit.key, 0),
+                waiting=sum(waiting.get(key, 0) for key in limit.members),
                 paused_until=paused if paused is not None and paused > moment else None,
+                kind=limit.kind,
+                members=limit.members,
             )
         )
     return tuple(found)

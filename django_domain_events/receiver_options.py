@@ -86,6 +86,7 @@ class ReceiverOptions:
     priority: int = field(default=0, metadata=_ROW)
     rate_limit: str | None = field(default=None, metadata=_ROW)
     concurrency_limit: int | None = field(default=None, metadata=_ROW)
+    limit_group: str | None = field(default=None, metadata=_ROW)
     ordered_by: Callable[[Any], str | int] | None = field(default=None, metadata=_ROW)
     on_dead: str = field(default="skip", metadata=_ROW)
 
@@ -270,6 +271,14 @@ class ReceiverOptions:
                 f"@receiver(concurrency_limit=) must be an int >= 1 (at most that many rows "
                 f"running at once, across every relay) or None, not {value!r}."
             )
+        group = self.limit_group
+        if group is not None and (
+            not isinstance(group, str) or not group.strip() or len(group) > MAX_LANE_LENGTH
+        ):
+            raise ValueError(
+                f"@receiver(limit_group=) must name a group of LIMIT_GROUPS (a non-empty "
+                f"string of at most {MAX_LANE_LENGTH} chars) or be None, not {group!r}."
+            )
 
     def _check_ordering(self) -> None:
         if self.ordered_by is not None:
@@ -289,15 +298,16 @@ class ReceiverOptions:
 _PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def per_second(rate: object) -> float:
+def per_second(rate: object, *, where: str = "@receiver(rate_limit=)") -> float:
     """A ``rate_limit`` (``"50/s"``, ``"600/m"``, ``"1000/h"``) in deliveries per second.
 
-    Raises ``ValueError`` naming the value and the form it should take.
+    Raises ``ValueError`` naming ``where`` it was written, the value and the form it
+    should take.
     """
     count, _, period = rate.partition("/") if isinstance(rate, str) else ("", "", "")
     if count.strip().isdigit() and int(count) > 0 and period.strip() in _PERIODS:
         return int(count) / _PERIODS[period.strip()]
     raise ValueError(
-        f"@receiver(rate_limit=) must be a count per second, minute or hour such as '50/s', "
+        f"{where} must be a count per second, minute or hour such as '50/s', "
         f"'600/m' or '1000/h', not {rate!r}."
     )

@@ -28,6 +28,7 @@ def isolated_receivers() -> Iterator[None]:
     before = {r.key for r in registry.receivers}
     yield
     limits._empty_until.clear()
+    limits._idle_until.clear()
     for declared in registry.receivers:
         if declared.key not in before:
             registry.forget(declared.key)

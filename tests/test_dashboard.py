@@ -268,7 +268,7 @@ def test_the_limits_table_shows_each_limit_its_use_and_what_waits(admin_client) 
 def test_without_limits_the_dashboard_says_so(admin_client) -> None:
     receiver(OrderPlaced, key="dash.ok")(ok)
     body = admin_client.get(DASHBOARD_URL, {"fragment": "1"}).content.decode()
-    assert 'id="dde-limits"' not in body and "No receiver declares a limit" in body
+    assert 'id="dde-limits"' not in body and "No limit is declared" in body
 
 
 @pytest.mark.django_db(transaction=True)

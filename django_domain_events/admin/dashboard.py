@@ -23,7 +23,7 @@ from django.utils.http import urlencode
 
 from ..dashboard import Dashboard, DeadCount, outbox_dashboard
 from ..declare import registry
-from ..introspect import LaneBacklog, ReceiverBacklog
+from ..introspect import LaneBacklog, LimitStatus, ReceiverBacklog
 from ..models import OWED_VALUES, DeliveryRecord, DeliveryStatus
 from .charts import CHART_COLOURS, Column, columns, rows_chart
 from .display import deliveries_url, when
@@ -159,17 +159,27 @@ def _limits(data: Dashboard, links: _Links) -> list[dict[str, Any]]:
     return [
         {
             "key": limit.key,
+            "members": "" if limit.kind == "receiver" else ", ".join(limit.members) or "-",
             "rate": limit.rate_limit or "-",
             "tokens": "-" if limit.tokens is None else f"{limit.tokens:.1f}",
             "concurrency": "-" if limit.concurrency_limit is None else limit.concurrency_limit,
             "running": limit.running,
-            "running_url": url(**links.claimed, receiver=limit.key),
+            "running_url": url(**links.claimed, **_limit_rows(limit)),
             "waiting": limit.waiting,
-            "waiting_url": url(**waiting, receiver=limit.key),
+            "waiting_url": url(**waiting, **_limit_rows(limit)),
             "paused_until": when(limit.paused_until),
         }
         for limit in data.health.limits
     ]
+
+
+def _limit_rows(limit: LimitStatus) -> dict[str, str]:
+    """The deliveries list's filter for a limit's rows: its receiver, group or lane."""
+    if limit.kind == "group":
+        return {"limit_group": limit.key.removeprefix("group:")}
+    if limit.kind == "lane":
+        return {"lane": limit.key.removeprefix("lane:")}
+    return {"receiver": limit.key}
 
 
 def _minutes_chart(data: Dashboard, links: _Links) -> dict[str, Any]:

@@ -122,6 +122,25 @@ class LaneFilter(admin.SimpleListFilter):
         return queryset.filter(receiver_key__in=keys)
 
 
+class LimitGroupFilter(admin.SimpleListFilter):
+    """The groups of ``LIMIT_GROUPS``: a group is the receivers declaring its name
+    (``@receiver(limit_group=)``)."""
+
+    title = "limit group"
+    parameter_name = "limit_group"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = sorted({r.limit_group for r in registry.receivers if r.limit_group})
+        return [(name, name) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value is None:
+            return queryset
+        keys = [r.key for r in registry.receivers if r.durable and r.limit_group == value]
+        return queryset.filter(receiver_key__in=keys)
+
+
 class OrderKeyFilter(_TextFilter):
     """An ordered receiver's key (``ordered_by=``): the keys with rows still unended,
     from their index; any other key still filters by URL."""

@@ -1,12 +1,15 @@
-"""The receivers' rate and concurrency limits: declared, used now, and what waits for them."""
+"""The rate and concurrency limits of receivers, groups and lanes: declared, used now,
+and what waits for them."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from django.contrib import admin
+from django.db.models import Count
 
 from .. import clock
+from ..delivery import limits
 from ..introspect import LimitStatus, limit_status
 from ..models import DeliveryRecord, DeliveryStatus, LimitRecord, database_alias
 from .display import when
@@ -22,22 +25,42 @@ def _status(row: LimitRecord) -> LimitStatus | None:
     """The row's limit as ``outbox_health()`` reports it (None: no longer declared)."""
     alias = database_alias()
     now = clock.now()
+    members = [k for lm in limits.every_declared() if lm.key == row.key for k in lm.members]
     waiting = (
         DeliveryRecord.objects.using(alias)
-        .filter(receiver_key=row.key, status__in=[DeliveryStatus.PENDING, DeliveryStatus.FAILED])
+        .filter(receiver_key__in=members)
+        .filter(status__in=[DeliveryStatus.PENDING, DeliveryStatus.FAILED])
         .filter(available_at__lte=now)
-        .count()
+        .values("receiver_key")
+        .annotate(n=Count("id"))
+        .order_by()
     )
-    found = [s for s in limit_status(alias, now, {row.key: waiting}) if s.key == row.key]
+    by_key = {counted["receiver_key"]: counted["n"] for counted in waiting}
+    found = [s for s in limit_status(alias, now, by_key) if s.key == row.key]
     return found[0] if found else None
 
 
 class LimitRecordAdmin(ReadOnly, _LimitAdminBase):
-    """Each limited receiver: its limits, the rows running and waiting, its pause."""
+    """Each limit (a receiver's, a group's, a lane's): the receivers it holds, its limits,
+    the rows running and waiting, its pause."""
 
-    list_display = ("key", "limits_shown", "running_shown", "waiting_shown", "paused_shown")
+    list_display = (
+        "key",
+        "holds_shown",
+        "limits_shown",
+        "running_shown",
+        "waiting_shown",
+        "paused_shown",
+    )
     search_fields = ("key",)
     ordering = ("key",)
+
+    @admin.display(description="holds")
+    def holds_shown(self, row: LimitRecord) -> str:
+        status = _status(row)
+        if status is None or status.kind == "receiver":
+            return "this receiver" if status is not None else "-"
+        return f"{status.kind}: {', '.join(status.members) or 'no receiver'}"
 
     @admin.display(description="limits")
     def limits_shown(self, row: LimitRecord) -> str:

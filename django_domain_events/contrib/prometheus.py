@@ -16,9 +16,11 @@ Two kinds:
   costs: four queries, whatever the size of the history or the schedule (two more when
   ``@recurring`` schedules are declared, each of which gets ``schedule_late``,
   ``schedule_failing``, ``schedule_paused`` and ``schedule_last_fired_timestamp_seconds``;
-  two more when receivers declare ``rate_limit=`` or ``concurrency_limit=``, each of which
-  gets ``limit_running``, ``limit_waiting``, ``limit_paused``, and ``limit_concurrency`` or
-  ``limit_tokens`` as it declares).
+  two more when limits are declared, by receivers (``rate_limit=``, ``concurrency_limit=``),
+  groups (``LIMIT_GROUPS``) or lanes (``LANE_LIMITS``), each of which gets
+  ``limit_running``, ``limit_waiting``, ``limit_paused``, and ``limit_concurrency`` or
+  ``limit_tokens`` as it declares, its ``receiver`` label the limit's key: the
+  receiver's, ``group:<name>`` or ``lane:<name>``).
   A collector reads at most once every ``SCRAPE_CACHE_SECONDS`` and one scrape at a
   time; the scrapes in between are answered from that read, so a scrape storm costs the
   database no more than one scraper does.
@@ -183,12 +185,13 @@ def _families() -> dict[str, GaugeMetricFamily]:
     return families
 
 
+# Labelled by the limit's key: a receiver's, "group:<name>" or "lane:<name>".
 _PER_LIMIT = {
-    "running": "Rows of the limited receiver under a live lease, across every relay.",
-    "waiting": "Rows of the limited receiver owed and not claimed: waiting for its limit.",
-    "paused": "1 while the receiver's RetryAfter holds its rows back from every relay.",
-    "concurrency": "The receiver's concurrency_limit.",
-    "tokens": "The receiver's rate_limit bucket now: rows it may start at once.",
+    "running": "Rows of the limit's receivers under a live lease, across every relay.",
+    "waiting": "Rows of the limit's receivers owed and not claimed: waiting for the limit.",
+    "paused": "1 while a RetryAfter holds the limit's rows back from every relay.",
+    "concurrency": "The limit's concurrency_limit.",
+    "tokens": "The limit's rate_limit bucket now: rows it may start at once.",
 }
 
 _PER_SCHEDULE = {

@@ -159,9 +159,10 @@ def claim_batch(
         at_once,
         alone_ok,
     )
-    limited = limits.declared(only if only is not None else declared_keys())
+    keys = only if only is not None else declared_keys()
+    limited = limits.declared(keys)
     if limited:
-        return _claim_within_limits(alias, args, limited)
+        return _claim_within_limits(alias, args, limited, keys)
     return _claim(alias, args)
 
 
@@ -173,29 +174,38 @@ def _claim(alias: str, args: _ClaimArgs) -> list[Claim]:
 
 
 def _claim_within_limits(
-    alias: str, args: _ClaimArgs, limited: Sequence[limits.Limit]
+    alias: str, args: _ClaimArgs, limited: Sequence[limits.Limit], keys: Sequence[str]
 ) -> list[Claim]:
-    """The limited receivers' rows first, each up to what its limit allows now, in one
-    transaction holding the limits' rows locked (``limits.py``); then the rest of the
-    lane, after the commit, so the lock never slows the unlimited receivers' claims.
-    A row that must run alone (``lapse.py``) ends the claim."""
+    """The limited receivers' rows first, each within every limit holding it as it allows
+    now, in one transaction holding the limits' rows locked (``limits.py``); then the rest
+    of the lane, after the commit, so the lock never slows the unlimited receivers'
+    claims. A row that must run alone (``lapse.py``) ends the claim."""
     claims: list[Claim] = []
     taken: dict[str, int] = {}
     asking = limits.worth_asking(alias, limited, args.now)
     with transaction.atomic(using=alias):
         grants = limits.allowances(alias, asking, args.now) if asking else []
-        for grant in grants:
-            room = min(grant.rows, args.limit - len(claims))
+        left = {grant.limit.key: grant.rows for grant in grants}
+        for receivers, holding in limits.takes(limited, keys):
+            room = min([left.get(lm.key, 0) for lm in holding] + [args.limit - len(claims)])
             if room < 1 or any(claim.alone for claim in claims):
                 continue
-            got = _claim(alias, _more(args, claims, only=(grant.limit.key,), limit=room))
-            taken[grant.limit.key] = len(got)
+            got = _claim(alias, _more(args, claims, only=receivers, limit=room))
+            if len(got) < room:  # none of their rows left due: not asked for a moment
+                limits.note_idle(alias, receivers, args.now)
+            for lm in holding:
+                left[lm.key] -= len(got)
+                taken[lm.key] = taken.get(lm.key, 0) + len(got)
             claims += got
         limits.spend(alias, grants, taken)
     rest = args.limit - len(claims)
-    if rest > 0 and not any(claim.alone for claim in claims):
-        skip = tuple(limit.key for limit in limited)
+    skip = tuple(sorted({key for lm in limited for key in lm.members}))
+    every_one_limited = args.only is not None and args.orphans is None
+    every_one_limited = every_one_limited and set(args.only or ()) <= set(skip)
+    if rest > 0 and not every_one_limited and not any(claim.alone for claim in claims):
         claims += _claim(alias, _more(args, claims, only=args.only, limit=rest, skip=skip))
+    if not claims:
+        limits.forget_idle(alias)
     return claims
 
 

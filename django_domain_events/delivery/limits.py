@@ -1,27 +1,39 @@
 """Rate and concurrency limits held across every relay and slot, in the database.
 
-A claim in a lane with limited receivers (``rate_limit=``, ``concurrency_limit=``) runs
-in one transaction: it locks their ``LimitRecord`` rows, works out how many rows of each
-it may take (``allowances``), claims up to that many of each, then the unlimited rest, and
-spends the tokens (``spend``) before it commits. So two relays never spend one token, and a
-limit that allows nothing now leaves its rows owed, unclaimed and uncharged, while the
-other receivers of the lane are claimed as usual. A limit another relay's claim holds
-locked is skipped, not waited for (``SKIP LOCKED``): that relay is taking its rows, and
-this one claims the rest of the lane at once.
+A limit belongs to one receiver (``rate_limit=``, ``concurrency_limit=``), to a named
+group of receivers (``@receiver(limit_group="sms")`` and the ``LIMIT_GROUPS`` setting) or
+to every receiver of a lane (``LANE_LIMITS``): one ``LimitRecord`` each, keyed by the
+receiver's key, ``group:<name>`` or ``lane:<name>``. A row runs only within every limit
+that holds its receiver: its own, its group's and its lane's.
 
-- **Rate**: a token bucket per receiver, refilled at the rate from ``refilled_at``, holding
+A claim in a lane with limited receivers runs in one transaction: it locks their
+``LimitRecord`` rows, works out how many rows each limit allows (``allowances``), claims
+the limited receivers' rows within them (``takes``: a receiver with a limit of its own
+alone, the others of one group or lane together, in rank order), then the unlimited
+rest, and spends the tokens (``spend``) before it commits. So two relays never spend one
+token, and a limit that allows nothing now leaves its rows owed, unclaimed and
+uncharged, while the other receivers of the lane are claimed as usual. A limit another
+relay's claim holds locked is skipped, not waited for (``SKIP LOCKED``): that relay is
+taking its rows, and this one claims the rest of the lane at once.
+
+- **Rate**: a token bucket per limit, refilled at the rate from ``refilled_at``, holding
   at most a fifth of a second's worth (at least one), so no window sees more than the
   rate plus that burst.
-- **Concurrency**: the rows of the receiver under a live lease (claimed, lease not past),
-  counted at each claim. Nothing is held apart from the rows: a relay killed with rows
-  running frees them when their lease lapses.
+- **Concurrency**: the rows of the limit's receivers under a live lease (claimed, lease
+  not past), counted at each claim. Nothing is held apart from the rows: a relay killed
+  with rows running frees them when their lease lapses.
 - **Pause**: ``RetryAfter`` from a limited receiver stops every relay claiming its rows
-  until its ``until`` (``pause``).
+  until its ``until`` (``pause``); from a receiver of a group, every receiver of the
+  group (``paused_by``). A lane is not paused: its receivers share a budget, not a
+  downstream service.
 
 A relay whose claim found a rate empty sleeps until the next token (``seconds_to_token``)
 rather than its poll interval, and its claims leave that limit alone until the bucket
 holds ``Limit.gather`` tokens again (``worth_asking``): they neither lock it nor wait for
-it, and a busy rate costs a transaction per few rows, not per row.
+it, and a busy rate costs a transaction per few rows, not per row. A limited receiver a
+claim found nothing due of is not asked for ``IDLE_SECONDS`` while the relay keeps
+finding work (``note_idle``, ``forget_idle``), so an idle limit does not cost its lane a
+locked transaction at every claim.
 """
 
 from __future__ import annotations
@@ -31,24 +43,32 @@ import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connections
 from django.db.models import Count
 
+from .. import conf
 from ..declare import registry
 from ..models import DeliveryRecord, DeliveryStatus, LimitRecord
 from ..receiver_options import per_second
 
 BURST_SECONDS = 0.2  # a bucket holds this many seconds' worth of tokens (at least one)
+GROUP_PREFIX = "group:"  # a group's LimitRecord key: "group:sms"
+LANE_PREFIX = "lane:"  # a lane's: "lane:bulk"
 
 
 @dataclass(frozen=True)
 class Limit:
-    """A receiver's declared limits: a rate in rows per second, and rows at once."""
+    """A declared limit: a rate in rows per second and rows at once, shared by
+    ``members`` (the receiver itself for a receiver's own limit)."""
 
-    key: str
+    key: str  # its LimitRecord's: the receiver's key, "group:<name>" or "lane:<name>"
     rate: float | None
     concurrency: int | None
+    members: tuple[str, ...] = ()
+    kind: str = "receiver"  # "receiver", "group" or "lane"
+    rate_text: str | None = None  # the rate as declared: "50/s"
 
     @property
     def burst(self) -> float:
@@ -63,26 +83,82 @@ class Limit:
         return max(1.0, self.burst / 2)
 
 
-def declared(keys: Iterable[str]) -> tuple[Limit, ...]:
-    """The limits of the receivers among ``keys`` that declare one."""
-    found = []
-    for key in keys:
-        r = registry.receiver(key)
-        if r is None or (r.rate_limit is None and r.concurrency_limit is None):
-            continue
-        rate = per_second(r.rate_limit) if r.rate_limit is not None else None
-        found.append(Limit(key, rate, r.concurrency_limit))
-    return tuple(found)
+def _limit(key: str, kind: str, members: tuple[str, ...], spec: Mapping[str, Any]) -> Limit:
+    rate = spec.get("rate_limit")
+    return Limit(
+        key=key,
+        rate=per_second(rate) if rate is not None else None,
+        concurrency=spec.get("concurrency_limit"),
+        members=members,
+        kind=kind,
+        rate_text=rate,
+    )
+
+
+def _options(rate: str | None, concurrency: int | None) -> dict[str, Any]:
+    return {"rate_limit": rate, "concurrency_limit": concurrency}
 
 
 def every_declared() -> tuple[Limit, ...]:
-    """The limits of every durable receiver this process declares."""
-    return declared(r.key for r in registry.receivers if r.durable)
+    """Every limit this process declares: the receivers' own, then the groups' and the
+    lanes' (a group or lane without a receiver too, with no members)."""
+    receivers = [r for r in registry.receivers if r.durable]
+    found = [
+        _limit(r.key, "receiver", (r.key,), _options(r.rate_limit, r.concurrency_limit))
+        for r in receivers
+        if r.rate_limit is not None or r.concurrency_limit is not None
+    ]
+    settings = conf.get()
+    for name, spec in sorted((settings.LIMIT_GROUPS or {}).items()):
+        members = tuple(r.key for r in receivers if r.limit_group == name)
+        found.append(_limit(GROUP_PREFIX + name, "group", members, spec))
+    lanes = registry.lanes()
+    for lane, spec in sorted((settings.LANE_LIMITS or {}).items()):
+        found.append(_limit(LANE_PREFIX + lane, "lane", lanes.get(lane, ()), spec))
+    return tuple(found)
+
+
+def declared(keys: Iterable[str]) -> tuple[Limit, ...]:
+    """The limits holding any receiver among ``keys``: their own, their group's, their
+    lane's."""
+    wanted = set(keys)
+    return tuple(lm for lm in every_declared() if wanted.intersection(lm.members))
+
+
+def paused_by(receiver_key: str) -> tuple[str, ...]:
+    """The limits a ``RetryAfter`` from the receiver pauses: its own and its group's."""
+    return tuple(
+        lm.key
+        for lm in declared([receiver_key])
+        if lm.kind in ("receiver", "group") and receiver_key in lm.members
+    )
+
+
+def takes(
+    limited: Collection[Limit], keys: Iterable[str]
+) -> list[tuple[tuple[str, ...], tuple[Limit, ...]]]:
+    """The claims a batch makes of the limited receivers among ``keys``, in order: each
+    the receivers taken together (in rank order) and the limits they all answer to.
+
+    A receiver with a limit of its own goes alone, first (its own limit bounds what it
+    takes of its group's); the receivers answering to the same group and lane limits and
+    to none of their own go together, so the oldest of their rows go first.
+    """
+    by_limits: dict[tuple[Limit, ...], list[str]] = {}
+    for key in keys:
+        holding = tuple(lm for lm in limited if key in lm.members)
+        if holding:
+            by_limits.setdefault(holding, []).append(key)
+    own = [(tuple(ks), h) for h, ks in by_limits.items() if any(lm.kind == "receiver" for lm in h)]
+    shared = [
+        (tuple(ks), h) for h, ks in by_limits.items() if not any(lm.kind == "receiver" for lm in h)
+    ]
+    return own + shared
 
 
 @dataclass(frozen=True)
 class Grant:
-    """What one claim may take of a limited receiver, and its bucket once refilled."""
+    """What one claim may take of a limit, and its bucket once refilled."""
 
     limit: Limit
     rows: int
@@ -98,13 +174,31 @@ _next_token = math.inf
 # is known to hold less than ``Limit.gather``: other relays only take tokens, so no claim
 # before then need lock it.
 # Keyed by the whole limit, so a receiver declared again with other limits asks afresh.
+# A limit another claim held locked is asked again at the next claim: its holder may take
+# fewer rows than the bucket holds (as many as it has free slots), and a relay that left
+# it alone for a while would lose the rest (measured: the rate fell to half under load).
 _empty_until: dict[tuple[str, Limit], datetime] = {}
+# Per database and limited receiver, the moment before which a busy relay's claims need
+# not ask for it: a claim found none of its rows due (``note_idle``). Dropped when a claim
+# comes back empty (``forget_idle``), so an idle relay woken by a new row asks at once.
+_idle_until: dict[tuple[str, str], datetime] = {}
+IDLE_SECONDS = 0.2
 
 
 def worth_asking(alias: str, limits: Iterable[Limit], now: datetime) -> tuple[Limit, ...]:
     """The limits a claim at ``now`` on ``alias`` should lock: all but the rates this
-    process saw empty there, until their next token is due."""
-    return tuple(lm for lm in limits if not _known_empty(alias, lm, now))
+    process saw empty there, until their next token is due, and but those whose every
+    receiver answers to such a rate too (their lock would buy nothing)."""
+    limits = tuple(limits)
+    fresh = {lm for lm in limits if not _known_empty(alias, lm, now)}
+
+    def open_to(key: str) -> bool:
+        idle = _idle_until.get((alias, key))
+        if idle is not None and (idle.tzinfo is None) == (now.tzinfo is None) and now < idle:
+            return False
+        return all(other in fresh for other in limits if key in other.members)
+
+    return tuple(lm for lm in limits if lm in fresh and any(map(open_to, lm.members)))
 
 
 def _known_empty(alias: str, limit: Limit, now: datetime) -> bool:
@@ -121,17 +215,33 @@ def allowances(alias: str, limits: Collection[Limit], now: datetime) -> list[Gra
     """
     global _next_token
     state = _locked(alias, limits, now)
+    wait = math.inf
     limits = [limit for limit in limits if limit.key in state]
-    running = running_counts(alias, [lm.key for lm in limits if lm.concurrency], now)
-    grants, wait = [], math.inf
+    running = running_counts(alias, {k for lm in limits if lm.concurrency for k in lm.members}, now)
+    grants = []
     for limit in limits:
-        grant, seconds = _grant(limit, state[limit.key], running.get(limit.key, 0), now)
+        in_use = sum(running.get(key, 0) for key in limit.members)
+        grant, seconds = _grant(limit, state[limit.key], in_use, now)
         grants.append(grant)
         wait = min(wait, seconds)
         if seconds < math.inf:
             _spent_until(alias, grant, grant.tokens)
     _next_token = time.monotonic() + wait
     return grants
+
+
+def note_idle(alias: str, keys: Iterable[str], now: datetime) -> None:
+    """Remember that a claim at ``now`` found no more due rows of these limited
+    receivers: this process's claims leave them alone for ``IDLE_SECONDS``."""
+    for key in keys:
+        _idle_until[alias, key] = now + timedelta(seconds=IDLE_SECONDS)
+
+
+def forget_idle(alias: str) -> None:
+    """A claim came back empty: the relay may sleep now, and its next claim (a new row's
+    wake-up) must ask every limited receiver again."""
+    for pair in [pair for pair in _idle_until if pair[0] == alias]:
+        del _idle_until[pair]
 
 
 def _locked(alias: str, limits: Collection[Limit], now: datetime) -> dict[str, LimitRecord]:
@@ -221,7 +331,7 @@ def running_counts(alias: str, keys: Collection[str], now: datetime) -> dict[str
 
 
 def pause(alias: str, key: str, until: datetime, now: datetime) -> None:
-    """Stop every relay claiming ``key``'s rows until ``until`` (its RetryAfter)."""
+    """Stop every relay claiming the rows of limit ``key`` until ``until`` (a RetryAfter)."""
     LimitRecord.objects.using(alias).bulk_create(
         [LimitRecord(key=key, tokens=0.0, refilled_at=now)], ignore_conflicts=True
     )

@@ -514,9 +514,10 @@ def record_failure(
     if not written:
         warn_lease_lost(claim, ran=True)
         return None, None
-    if isinstance(error, RetryAfter) and limits.declared([receiver.key]):
+    if isinstance(error, RetryAfter):
         until = now + timedelta(seconds=error.seconds)
-        limits.pause(database_alias(), receiver.key, until, now)  # for every relay
+        for key in limits.paused_by(receiver.key):  # its own limit's and its group's
+            limits.pause(database_alias(), key, until, now)  # for every relay
     tell_failure(claim, receiver, outcome, error, timing)
     return outcome.status, outcome
 

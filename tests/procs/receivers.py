@@ -10,7 +10,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from django_domain_events import DeliveryContext, receiver
+from django_domain_events import DeliveryContext, RetryAfter, receiver
 from tests.app.events import OrderPlaced, Pinged
 from tests.app.models import Delivered
 
@@ -254,3 +254,33 @@ def declare_limited() -> None:
         concurrency_limit=int(concurrency) if concurrency else None,
     )(log_interval)
     receiver(Pinged, key=FREE_KEY, takes_context=True)(log_interval)
+
+
+GROUP_KEYS = ("tests.grouped_orders", "tests.grouped_pings")
+
+
+def log_grouped(evt: object, ctx: DeliveryContext) -> None:
+    """``log_interval`` for the grouped receivers; the order numbered DDE_RETRY_AFTER_ID
+    raises ``RetryAfter(DDE_RETRY_AFTER_SECONDS)`` the first time, whichever relay runs it,
+    logging ``retry_after <time>``."""
+    start = time.time()
+    marker = os.environ["DDE_RUN_LOG"] + ".retried"
+    if getattr(evt, "order_id", None) == int(os.environ.get("DDE_RETRY_AFTER_ID", "-1")):
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            with open(os.environ["DDE_RUN_LOG"], "a") as log:
+                log.write(f"retry_after {start:.6f} {time.time():.6f}\n")
+            raise RetryAfter(float(os.environ["DDE_RETRY_AFTER_SECONDS"]), "slow down")
+    time.sleep(float(os.environ.get("DDE_SLOW_SECONDS", "0")))
+    with open(os.environ["DDE_RUN_LOG"], "a") as log:
+        log.write(f"{ctx.receiver_key} {start:.6f} {time.time():.6f}\n")
+
+
+def declare_grouped() -> None:
+    """Two receivers (OrderPlaced, Pinged) sharing the limit group ``sms``, whose limits
+    the relay's DDE_SETTINGS_JSON gives (LIMIT_GROUPS)."""
+    receiver(OrderPlaced, key=GROUP_KEYS[0], takes_context=True, limit_group="sms")(log_grouped)
+    receiver(Pinged, key=GROUP_KEYS[1], takes_context=True, limit_group="sms")(log_grouped)

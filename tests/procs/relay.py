@@ -12,7 +12,8 @@ DDE_RECEIVERS=crash_or_log only the receiver that ends its process on one row
 ack="batch", DDE_RECEIVERS=with_failing
 adds an always failing receiver on the mail lane (declare_failing), DDE_RECEIVERS=limited
 a limited receiver and a free one (declare_limited, with DDE_RATE_LIMIT and
-DDE_CONCURRENCY_LIMIT), DDE_RECEIVERS=ordered the ordered receiver (tests.procs.ordered);
+DDE_CONCURRENCY_LIMIT), DDE_RECEIVERS=grouped two receivers of the limit group ``sms``
+(declare_grouped), DDE_RECEIVERS=ordered the ordered receiver (tests.procs.ordered);
 DDE_SPANS_FILE, when
 set, turns contrib.opentelemetry on and writes the spans there as JSON lines.
 
@@ -42,6 +43,7 @@ from tests.procs.receivers import (  # noqa: E402
     declare_crash_or_log,
     declare_failing,
     declare_faulty,
+    declare_grouped,
     declare_limited,
     declare_run_logger,
 )
@@ -75,6 +77,8 @@ elif os.environ.get("DDE_RECEIVERS") == "async_run_log":
     declare_async_run_logger()
 elif os.environ.get("DDE_RECEIVERS") == "limited":
     declare_limited()
+elif os.environ.get("DDE_RECEIVERS") == "grouped":
+    declare_grouped()
 elif os.environ.get("DDE_RECEIVERS") == "faulty":
     declare_run_logger()
     declare_faulty()

@@ -47,6 +47,8 @@ def _limit_line(limit: LimitStatus) -> str:
     line += f" running={limit.running} waiting={limit.waiting}"
     if limit.paused_until is not None:
         line += f" paused_until={limit.paused_until.isoformat()}"
+    if limit.kind != "receiver":
+        line += f" receivers={','.join(limit.members) or '-'}"
     return line
 
 
