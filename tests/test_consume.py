@@ -164,10 +164,10 @@ def test_a_batch_the_database_refuses_is_not_acknowledged_and_comes_back(kind, s
         run_consumer(once=True, wait=0.5)
     assert not EventRecord.objects.exists() and not DeadMessage.objects.exists()
     broken["on"] = False  # the database is back: the broker still holds every message
-    # Handed back at once, none left with a closed connection (NATS: a message sent to a
-    # pull still open when the consumer halted is handed back too), so the next run has
-    # every one, once each, not some only after ack_wait.
-    assert run_consumer(once=True, wait=0.5) == {"recorded": 3}
+    # A message handed back at the halt may be redelivered a fetch later (NATS's nak):
+    # every one comes back, once each, within a few fetches.
+    recorded = sum(run_consumer(once=True, wait=0.5).get("recorded", 0) for _ in range(5))
+    assert recorded == 3
     assert EventRecord.objects.count() == 3
 
 

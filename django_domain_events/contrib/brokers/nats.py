@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,9 +26,6 @@ from .consuming import Fetched
 from .transport import BrokerDown, Confirmations, Outgoing, Refused
 
 _DOWN = (ConnectionClosedError, NoServersError, StaleConnectionError, OSError)
-#: How long past its fetch's timeout a pull request may stay open on the server (its
-#: expiry counts from when the server got it).
-_PULL_MARGIN = 0.05
 
 
 class Publisher:
@@ -137,11 +133,6 @@ class Consumer:
     NATS forbids replaced (``config.nats_stream_name``'s rule). Processes sharing the name
     share the messages. Each message is acknowledged on its own (JetStream's ack-all
     would also acknowledge messages another process holds); the acks are flushed once.
-
-    A pull request outlives the fetch that sent it by a moment (the server times it from
-    its arrival), and what the server sends it then (a message handed back with ``nak``,
-    a new one) waits in the client until the next fetch. ``close`` therefore waits out the
-    pulls still open and hands back what arrived, or it would wait ``ack_wait_seconds``.
     """
 
     def __init__(self, config: BrokerConfig, subscription: Any, worker_id: str) -> None:
@@ -149,7 +140,6 @@ class Consumer:
         self.subscription = subscription
         self.nc: Any = None
         self.pull: Any = None
-        self.open_until = 0.0  # (monotonic) until when a pull request may still be open
 
     async def connect(self) -> None:
         from nats.js.api import AckPolicy, ConsumerConfig
@@ -179,10 +169,8 @@ class Consumer:
     async def fetch(self, limit: int, wait: float) -> list[Any]:
         if self.nc is None or not self.nc.is_connected:
             raise BrokerDown("the connection to NATS is closed")
-        timeout = max(wait, 0.05)
-        self.open_until = time.monotonic() + timeout + _PULL_MARGIN
         try:
-            got = await self.pull.fetch(batch=limit, timeout=timeout)
+            got = await self.pull.fetch(batch=limit, timeout=max(wait, 0.05))
         except (TimeoutError, NatsTimeoutError):
             return []
         return [Fetched(_nats_message(m), m) for m in got]
@@ -198,31 +186,10 @@ class Consumer:
         await self.nc.flush(timeout=self.config.confirm_timeout)
 
     async def close(self) -> None:
-        nc, pull, self.nc, self.pull = self.nc, self.pull, None, None
+        nc, self.nc, self.pull = self.nc, None, None
         if nc is not None:
             with contextlib.suppress(Exception):
-                await self._hand_back_strays(nc, pull)
-            with contextlib.suppress(Exception):
                 await nc.close()
-
-    async def _hand_back_strays(self, nc: Any, pull: Any) -> None:
-        """``nak`` what the server sent to pulls no fetch waits for any more, once none
-        can still be open (nats-py keeps such messages in the subscription's queue)."""
-        from nats.js.client import JetStreamContext
-
-        if pull is None or not nc.is_connected:
-            return
-        await asyncio.sleep(max(0.0, self.open_until - time.monotonic()))
-        queue = pull._sub._pending_queue
-        strays = []
-        while not queue.empty():
-            message = queue.get_nowait()
-            if not JetStreamContext.is_status_msg(message):
-                strays.append(message)
-        for message in strays:
-            await message.nak()
-        if strays:
-            await nc.flush(timeout=self.config.confirm_timeout)
 
 
 def _nats_message(incoming: Any) -> Any:
