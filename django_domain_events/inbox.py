@@ -38,6 +38,8 @@ RECORDED, DUPLICATE, DEAD, IGNORED = "recorded", "duplicate", "dead", "ignored"
 #: The body size over which a message is kept dead rather than decoded, by default.
 DEFAULT_MAX_BYTES = 1024 * 1024
 _KEY_CHARS = 255
+#: ``json.dumps``'s own encoder of a string with ``ensure_ascii=False`` (C where built).
+_json_string = json.encoder.encode_basestring
 
 
 @dataclass(frozen=True)
@@ -130,8 +132,12 @@ class _Refused(Exception):
 
 
 def inbox_key(source: str, message_id: str) -> str:
-    """The dedupe key of a message: its source and id, or their digest when too long."""
-    key = json.dumps([source, message_id], ensure_ascii=False, separators=(",", ":"))
+    """The dedupe key of a message: its source and id, or their digest when too long.
+
+    The key is ``json.dumps([source, message_id], ensure_ascii=False, separators=(",",
+    ":"))`` to the character (keys already stored must keep matching), built from the
+    string encoder that call uses, without its per-call set-up (once per message)."""
+    key = f"[{_json_string(source)},{_json_string(message_id)}]"
     if len(key) <= _KEY_CHARS and not text_problem(key):
         return key
     digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()

@@ -229,10 +229,12 @@ def _converter(field: Any) -> Any:
     if isinstance(field, ForeignKey):
         return _key_of
     if isinstance(field, JSONField):
-        encoder = field.encoder
+        # What json.dumps(value, cls=field.encoder) returns, without building an encoder
+        # per value (three JSON columns per consumed message).
+        encode = (field.encoder or json.JSONEncoder)().encode
 
         def as_json(value: Any) -> str | None:
-            return None if value is None else json.dumps(value, cls=encoder)
+            return None if value is None else encode(value)
 
         return as_json
     return _same

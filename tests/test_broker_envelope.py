@@ -105,3 +105,15 @@ def test_redis_round_trip_with_bytes_as_redis_returns_them():
     assert fields["content-type"] == "application/json"
     as_read = {k.encode(): v if isinstance(v, bytes) else v.encode() for k, v in fields.items()}
     assert envelope.from_redis(as_read) == env
+
+
+def test_a_consumers_attributes_are_the_envelopes_and_none_without_a_required_one():
+    headers = envelope.to_nats(sample())
+    assert envelope.attributes_of(headers) == dict(envelope.from_nats(headers, b"{}").attributes)
+    shouted = {k.upper(): v for k, v in headers.items()}  # header names match in any case
+    assert envelope.attributes_of(shouted) == envelope.attributes_of(headers)
+    for required in ("ce-specversion", "ce-id", "ce-source", "ce-type"):
+        partial = {k: v for k, v in headers.items() if k != required}
+        with pytest.raises(EnvelopeError):
+            envelope.from_nats(partial, b"{}")
+        assert envelope.attributes_of(partial) == {}  # no CloudEvent: kept dead as such

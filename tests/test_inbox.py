@@ -3,6 +3,7 @@ versions, dead inbox entries and their retry, and the seed's lifecycle on consum
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from django_domain_events.inbox import (
     Subscription,
     dead_messages,
     forget,
+    inbox_key,
     purge_dead_messages,
     record_batch,
     register,
@@ -83,6 +85,28 @@ def ids_written(evt: OrderPlaced, ctx) -> None:
 
 
 # Recording ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "source, message_id",
+    [
+        ("shop", "m-1"),
+        ('a "quoted" \\ source', "tab\tnew\nline\x01"),
+        ("ünïcødé ☃", "emoji 🎉 \u2028"),
+        ("shop", "lone \ud800 surrogate"),
+        ("shop", "nul \x00 inside"),
+        ("s" * 200, "i" * 200),
+    ],
+)
+def test_a_messages_key_is_the_json_of_its_source_and_id_as_ever(source, message_id) -> None:
+    # Keys already stored must keep matching a redelivery: the same text, to the character.
+    expected = json.dumps([source, message_id], ensure_ascii=False, separators=(",", ":"))
+    key = inbox_key(source, message_id)
+    if len(expected) <= 255 and "\x00" not in expected and "\ud800" not in expected:
+        assert key == expected
+    else:  # too long, or text no database stores: the digest of that same text
+        digest = hashlib.sha256(expected.encode("utf-8", "surrogatepass")).hexdigest()
+        assert key == f"sha256:{digest}"
 
 
 def test_a_message_becomes_an_event_with_its_rows_and_context(sub) -> None:

@@ -105,13 +105,21 @@ class _Worker:
         self.failures = 0  # outages in a row, broker or database
         self.counts: Counter[str] = Counter()
         self.ahead: concurrent.futures.Future[list[Fetched]] | None = None  # the next batch
+        self.acking: concurrent.futures.Future[None] | None = None  # the last batch's ack
 
     def step(self, wait: float) -> Counter[str] | None:
         """Fetch, record and acknowledge one batch and count its outcomes; None when there
         was none (or the broker or the database is down: then it waits out its backoff).
 
         The next batch is fetched while this one is recorded (never acknowledged before
-        its own commit), so the broker's round trips overlap the database's."""
+        its own commit), and a committed batch's acknowledgement is sent without waiting
+        for it (its outcome is read at the next step, before anything else reaches the
+        broker), so the broker's round trips overlap the database's."""
+        try:
+            self._acknowledged()
+        except Exception as error:  # committed: a redelivery will be found recorded
+            self._down("acknowledging a recorded batch", error)
+            return None
         try:
             consumer = self._connected()
             batch = self._fetched(consumer, wait)
@@ -129,11 +137,18 @@ class _Worker:
             return None
         self.counts.update(counts)
         self.backoff, self.failures = _BACKOFF_START, 0
-        try:
-            run(consumer.ack(batch), 30)
-        except Exception as error:  # committed: a redelivery will be found recorded
-            self._down("acknowledging a recorded batch", error)
+        self.acking = submit(consumer.ack(batch))
         return counts
+
+    def _acknowledged(self) -> None:
+        """Wait for the acknowledgement sent last, if any; raises what it raised."""
+        acking, self.acking = self.acking, None
+        if acking is not None:
+            try:
+                acking.result(30)
+            except BaseException:
+                acking.cancel()
+                raise
 
     def _fetched(self, consumer: Consumer, wait: float) -> list[Fetched]:
         """The batch fetched ahead during the last step, or a new fetch."""
@@ -146,6 +161,10 @@ class _Worker:
         """Release ``batch`` and the batch fetched ahead, both unrecorded, in the order
         fetched; only once the fetch ahead has ended (or been cancelled), since a fetch
         under way and a release would both move the transport's place in its queue."""
+        try:  # first: a release may make this consumer read its pending entries again
+            self._acknowledged()
+        except Exception:  # committed: a redelivery will be found recorded
+            logger.debug("acknowledging a recorded batch of %s failed", self.subscription.name)
         ahead, self.ahead = self.ahead, None
         later: list[Fetched] = []
         if ahead is not None:
@@ -243,7 +262,8 @@ def run_consumer(
     """Consume every declared subscription (or the ones named) until ``stop`` is set;
     with ``once``, until each has nothing left to fetch. Returns the outcomes counted
     (``recorded``, ``duplicate``, ``dead``, ``ignored``); ``on_batch(subscription,
-    counts)`` is called with each batch's, once it is committed and acknowledged."""
+    counts)`` is called with each batch's once it is committed and its acknowledgement
+    sent (every acknowledgement has reached the broker when this returns)."""
     workers = [_Worker(s, worker_id or default_worker_id()) for s in selected(broker, subscription)]
     stop = stop or threading.Event()
     restore = _stop_on_signals(stop)

@@ -195,6 +195,23 @@ def from_fields(fields: Mapping[str, Any], body: bytes) -> Envelope:
     return Envelope(_from_ce_fields(fields), body)
 
 
+def attributes_of(fields: Mapping[str, str]) -> dict[str, str]:
+    """``from_fields(fields, body).attributes`` for text fields, without building the
+    envelope (a consumer's hot path): empty when a required attribute is missing, as a
+    message that is no CloudEvent has none to read (the inbox keeps it dead)."""
+    attributes: dict[str, str] = {}
+    for key, value in fields.items():
+        lowered = key.lower()
+        if lowered[:3] == CE_PREFIX:
+            attributes[lowered[3:]] = value
+        elif lowered == CONTENT_TYPE:
+            attributes["datacontenttype"] = value
+    for name in REQUIRED:
+        if not attributes.get(name):
+            return {}
+    return attributes
+
+
 # Redis ----------------------------------------------------------------------
 
 

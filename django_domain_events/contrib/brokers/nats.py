@@ -193,10 +193,8 @@ class Consumer:
 
 
 def _nats_message(incoming: Any) -> Any:
-    headers = {str(k): str(v) for k, v in (incoming.headers or {}).items()}
-    body = bytes(incoming.data)
-    try:
-        attributes = envelope.from_fields(headers, body).attributes
-    except envelope.EnvelopeError:
-        attributes = {}
-    return Message(attributes=attributes, body=body, headers=headers)
+    """The inbox's view of a JetStream message (nats-py parses its headers as text)."""
+    headers = dict(incoming.headers) if incoming.headers else {}
+    return Message(
+        attributes=envelope.attributes_of(headers), body=bytes(incoming.data), headers=headers
+    )

@@ -24,6 +24,8 @@ from .consuming import Fetched
 from .transport import BrokerDown, Confirmations, Outgoing, Refused
 
 _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+#: The body's field name, as redis-py returns it (bytes, or text with decode_responses).
+_DATA = (envelope.REDIS_DATA.encode(), envelope.REDIS_DATA)
 
 
 class Publisher:
@@ -168,12 +170,7 @@ def _text(value: Any) -> str:
 def _redis_message(fields: Any) -> Any:
     """The inbox's view of a stream entry: every field read as text once (an invalid
     UTF-8 byte replaced, so the entry is kept dead rather than stopping the consumer)."""
-    decoded = {_text(k): v for k, v in fields.items()}
-    data = decoded.pop(envelope.REDIS_DATA, b"")
+    headers = {_text(k): _text(v) for k, v in fields.items() if k not in _DATA}
+    data = fields.get(_DATA[0], fields.get(_DATA[1], b""))
     body = data if isinstance(data, bytes) else str(data).encode()
-    headers = {name: _text(value) for name, value in decoded.items()}
-    try:
-        attributes = envelope.from_fields(headers, body).attributes
-    except envelope.EnvelopeError:
-        attributes = {}
-    return Message(attributes=attributes, body=body, headers=headers)
+    return Message(attributes=envelope.attributes_of(headers), body=body, headers=headers)
