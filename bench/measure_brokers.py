@@ -83,9 +83,10 @@ def phases(events: int, batch: int) -> dict[str, float]:
     broker's, timed one after another (the fastest of the batches): where ours goes."""
     from django_domain_events import clock
     from django_domain_events.contrib.brokers import publishing
-    from django_domain_events.delivery.claim import claim_batch, database_alias
+    from django_domain_events.delivery.claim import claim_batch
     from django_domain_events.delivery.lease import lane_lease
     from django_domain_events.delivery.run import acknowledge_all, acknowledge_held
+    from django_domain_events.models import database_alias
 
     reset_tables()
     to = f"dde-bench-{uuid.uuid4().hex[:10]}"

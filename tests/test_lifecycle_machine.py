@@ -76,7 +76,8 @@ from django_domain_events import (
     requeue_dead,
 )
 from django_domain_events import tally as scheduled_tally
-from django_domain_events.delivery.claim import Claim, claim_batch, release
+from django_domain_events.delivery.claim import claim_batch, release
+from django_domain_events.delivery.claim_rows import Claim
 from django_domain_events.delivery.run import attempt, expire_overdue
 from django_domain_events.delivery.tasks import hand_off
 from django_domain_events.models import (

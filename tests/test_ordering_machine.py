@@ -41,7 +41,8 @@ from django_domain_events import (
     replay_events,
     requeue_dead,
 )
-from django_domain_events.delivery.claim import Claim, claim_batch, release
+from django_domain_events.delivery.claim import claim_batch, release
+from django_domain_events.delivery.claim_rows import Claim
 from django_domain_events.delivery.run import attempt
 from django_domain_events.models import UNENDED_VALUES, DeliveryRecord, EventRecord
 from tests.app.events import OrderPlaced

@@ -18,7 +18,7 @@ import pytest
 from django.db import OperationalError, ProgrammingError, connection
 
 from django_domain_events import DeliveryStatus, deliver_pending, receiver, run_relay
-from django_domain_events.delivery.claim import INLINE_PAYLOAD_BYTES
+from django_domain_events.delivery.claim_rows import INLINE_PAYLOAD_BYTES
 from django_domain_events.models import DeliveryRecord, EventRecord
 from tests.app.events import OrderPlaced
 from tests.app.models import Delivered

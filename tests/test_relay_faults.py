@@ -34,7 +34,7 @@ from django_domain_events import (
     receiver,
     run_relay,
 )
-from django_domain_events.delivery.claim import INLINE_PAYLOAD_BYTES
+from django_domain_events.delivery.claim_rows import INLINE_PAYLOAD_BYTES
 from django_domain_events.delivery.outcomes import describe_error
 from django_domain_events.delivery.relay import RelayHalted, relay_worker_id
 from django_domain_events.models import DeliveryRecord, EventRecord

@@ -24,9 +24,9 @@ from typing import Any
 from django.db import connections, transaction
 
 from .. import tracing
-from ..models import DeliveryStatus
+from ..models import DeliveryStatus, database_alias
 from ..scope import caused_by
-from .claim import Claim, database_alias
+from .claim_rows import Claim
 from .lease import kept_alive_together
 from .outage import Blame, blame
 from .outcomes import Outcome

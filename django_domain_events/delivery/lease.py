@@ -31,7 +31,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .. import clock, conf
 from ..declare import RegisteredReceiver, registry
-from .claim import Claim, compare_and_set, lane_keys
+from .claim import compare_and_set, lane_keys
+from .claim_rows import Claim
 
 logger = logging.getLogger("django_domain_events.delivery")
 

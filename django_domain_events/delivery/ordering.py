@@ -15,7 +15,7 @@ holds its key. The rule is stated once, here: PostgreSQL's claim statement adds
 ``head_sql``, the portable claim ``head_q``, and both read the partial indexes
 ``dde_delivery_order`` (a key's unended rows by id) and ``dde_delivery_order_claimed``.
 
-MariaDB reads the heads unlocked and then locks them by primary key (``claim.py``):
+MariaDB reads the heads unlocked and then locks them by primary key (``claim_portable.py``):
 its ``SKIP LOCKED`` also skips the rows a ``NOT EXISTS`` subquery reads, so a locked
 earlier row would look absent and its successor would run beside it.
 """

@@ -20,8 +20,9 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .. import clock, conf
 from ..declare import registry
-from ..models import DeliveryStatus, LanePauseRecord
-from .claim import Claim, claim_batch, database_alias, release, take_over
+from ..models import DeliveryStatus, LanePauseRecord, database_alias
+from .claim import claim_batch, release, take_over
+from .claim_rows import Claim
 from .group import attempt_group
 from .lease import lane_lease
 from .outcomes import Outcome

@@ -31,7 +31,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, close_old_connections, connections
 
 from .. import clock
-from .claim import Claim, claim_batch, database_alias, release
+from ..models import database_alias
+from .claim import claim_batch, release
+from .claim_rows import Claim
 from .lease import lane_lease
 from .loop import refusing_detached
 from .outage import is_outage

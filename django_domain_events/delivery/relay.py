@@ -29,10 +29,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 
 from .. import clock, conf, tally
-from ..models import DeliveryStatus, LanePauseRecord
+from ..models import DeliveryStatus, LanePauseRecord, database_alias
 from ..retention import prune_events
 from . import limits
-from .claim import database_alias, release
+from .claim import release
 from .loop import on_relay_loop, refusing_detached
 from .outage import is_outage
 from .passes import (

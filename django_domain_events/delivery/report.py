@@ -17,7 +17,7 @@ from typing import Any
 from .. import clock, signals
 from ..declare import registry
 from ..models import DeliveryRecord, DeliveryStatus
-from .claim import Claim
+from .claim_rows import Claim
 from .outcomes import DeliveryFailure
 
 logger = logging.getLogger("django_domain_events.delivery")

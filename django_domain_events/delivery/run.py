@@ -31,18 +31,11 @@ from django.utils.module_loading import import_string
 from .. import clock, conf, tally, tracing
 from ..codec import PayloadDecodeError, PayloadUpgradeFailed
 from ..declare import RegisteredReceiver, registry
-from ..models import STATUS_SQL, TERMINAL_VALUES, DeliveryRecord, DeliveryStatus
+from ..models import STATUS_SQL, TERMINAL_VALUES, DeliveryRecord, DeliveryStatus, database_alias
 from ..scope import caused_by
 from . import limits
-from .claim import (
-    Claim,
-    compare_and_set,
-    database_alias,
-    event_payload,
-    may_orphan,
-    parse_json,
-    release,
-)
+from .claim import compare_and_set, may_orphan, release
+from .claim_rows import Claim, event_payload, parse_json
 from .lease import kept_alive, receiver_lease, renew
 from .loop import as_receiver_call
 from .outage import Blame, blame, is_outage

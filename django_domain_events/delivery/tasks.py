@@ -15,7 +15,7 @@ from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 from .. import conf
-from .claim import Claim
+from .claim_rows import Claim
 
 
 @runtime_checkable

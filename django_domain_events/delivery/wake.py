@@ -18,7 +18,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from .. import conf
-from .claim import database_alias
+from ..models import database_alias
 
 logger = logging.getLogger("django_domain_events.relay")
 

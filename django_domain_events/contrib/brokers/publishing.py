@@ -22,7 +22,8 @@ from django.db import transaction
 
 from ... import clock
 from ...declare import AnyEvent, receiver, registry
-from ...delivery.claim import Claim, database_alias, event_payload, release
+from ...delivery.claim import release
+from ...delivery.claim_rows import Claim, event_payload
 from ...delivery.outcomes import DeliveryContext
 from ...delivery.run import (
     Admitted,
@@ -36,7 +37,7 @@ from ...delivery.run import (
     report_success,
     warn_lease_lost,
 )
-from ...models import DeliveryRecord, DeliveryStatus
+from ...models import DeliveryRecord, DeliveryStatus, database_alias
 from . import envelope
 from .config import broker as broker_config
 from .config import destination_problem, event_source

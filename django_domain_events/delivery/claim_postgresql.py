@@ -1,0 +1,169 @@
+"""The claim on PostgreSQL: one statement picks the owed rows (``FOR UPDATE SKIP
+LOCKED``, in rank order), applies the lapse rule (``lapse.py``) and the order per key
+(``ordering.py``), stamps the lease and returns the rows joined to their events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connections
+
+from .. import priority
+from ..models import (
+    STATUS_SQL,
+    DeliveryRecord,
+    EventRecord,
+)
+from . import ordering
+from .claim_rows import INLINE_PAYLOAD_BYTES, Claim, ClaimArgs, as_claims, table
+from .lapse import KEPT_SQL, ROW_COLUMNS, running_sql
+
+
+def _pg_is_task(expr: str) -> str:
+    return f"({expr} = ANY(%(task_keys)s::text[]))"
+
+
+# The lapse rule (lapse.py) inside the claim: ``numbered`` judges each picked row,
+# ``kept`` keeps the rows the claim takes, ``unstarted`` finds the rows of a batch run in
+# order after the one charged, whose own leases lapsed too, to hand back.
+_POSTGRESQL_CLAIM = """
+WITH picked AS (
+    SELECT id, claim_rank AS was_rank, status AS was_status, claimed_by AS was_by,
+           claimed_at AS was_at, claim_position AS was_position, receiver_key
+    FROM {delivery}
+    WHERE status IN {owed} AND {due} {filters}
+    ORDER BY claim_rank, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), judged AS (
+    SELECT p.*, row_number() OVER (ORDER BY p.was_rank, p.id) AS position,
+           {running} AS charged, {is_task} AS is_task
+    FROM picked AS p
+), numbered AS (
+    SELECT j.*, j.charged AND NOT j.is_task AS alone FROM judged AS j
+), kept AS ({kept}
+), unstarted AS (
+    SELECT d.id
+    FROM {delivery} AS d
+    JOIN kept AS n
+      ON n.alone AND n.was_position > 0 AND d.claimed_by = n.was_by
+     AND d.claimed_at = n.was_at AND d.claim_position > n.was_position
+    WHERE d.status = {claimed} AND d.available_at <= %(now)s
+      AND d.id NOT IN (SELECT id FROM kept)
+    FOR UPDATE OF d SKIP LOCKED
+), handed_back AS (
+    UPDATE {delivery} AS d
+    SET status = CASE WHEN d.attempts = 0 THEN {pending} ELSE {failed} END,
+        available_at = %(now)s,
+        claim_rank = %(now_rank)s - d.priority_credit,
+        lease_expires_at = NULL
+    FROM unstarted AS u
+    WHERE d.id = u.id
+), claimed AS (
+    UPDATE {delivery} AS d
+    SET status = {claimed},
+        claimed_by = %(worker)s,
+        claimed_at = %(now)s,
+        lease_expires_at = %(lease_end)s,
+        available_at = %(lease_end)s,
+        claim_rank = %(lease_end_rank)s - d.priority_credit,
+        claim_position = CASE
+            WHEN %(at_once)s OR n.alone THEN 0 ELSE n.position + %(first)s - 1
+        END,
+        -- never past the budget: a row already spent is dead-lettered unrun, uncharged
+        attempts = CASE
+            WHEN n.charged AND (d.max_attempts IS NULL OR d.attempts < d.max_attempts)
+            THEN d.attempts + 1 ELSE d.attempts
+        END
+    FROM kept AS n
+    WHERE d.id = n.id
+    RETURNING d.id, d.event_id, d.receiver_key, d.target, d.attempts, d.max_attempts,
+              d.due_at, d.expires_at, d.last_error, n.was_rank, n.alone
+)
+SELECT c.id, c.event_id, c.receiver_key, c.target, c.attempts, c.max_attempts,
+       {micros_due}, {micros_expires}, e.name, e.version,
+       CASE WHEN octet_length(p.text) <= %(inline)s THEN p.text END, {micros_occurred},
+       e.actor_key, e.actor_label, e.scope::text, e.correlation_id, c.last_error,
+       e.trace_context, e.causation_id, c.alone
+FROM claimed AS c JOIN {event} AS e ON e.id = c.event_id
+-- The stored size first: a payload far too large is never turned into text here.
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN pg_column_size(e.payload) <= %(inline)s THEN e.payload::text END AS text
+) AS p
+ORDER BY c.was_rank, c.id
+"""
+
+
+def claim_postgresql(alias: str, args: ClaimArgs) -> list[Claim]:
+    filters = []
+    params: dict[str, Any] = {
+        "now": args.now,
+        "limit": args.limit,
+        "worker": args.worker_id,
+        "lease_end": args.lease_end,
+        "task_keys": list(args.task_keys),
+        "inline": INLINE_PAYLOAD_BYTES,
+        "at_once": args.at_once,
+        "alone_ok": args.alone_ok,
+        "now_rank": priority.rank(args.now),
+        "lease_end_rank": priority.rank(args.lease_end),
+        "window": priority.window(args.now),
+        "first": args.first,
+    }
+    if args.only is not None and len(args.only) == 1 and args.orphans is None:
+        filters.append("AND receiver_key = %(one)s")  # one receiver: its own index
+        params["one"] = args.only[0]
+    elif args.only is not None and args.orphans is None:
+        filters.append("AND receiver_key = ANY(%(only)s)")
+        params["only"] = list(args.only)
+    elif args.only is not None and args.orphans is not None:
+        filters.append(
+            "AND (receiver_key = ANY(%(only)s) OR (due_at <= %(orphans_due)s "
+            "AND NOT (receiver_key = ANY(%(declared)s))))"
+        )
+        params.update(only=list(args.only), orphans_due=args.orphans[0])
+        params["declared"] = list(args.orphans[1])
+    if args.skip:
+        filters.append("AND NOT (receiver_key = ANY(%(skip)s))")
+        params["skip"] = list(args.skip)
+    if args.exclude:
+        filters.append("AND NOT (id = ANY(%(exclude)s))")
+        params["exclude"] = list(args.exclude)
+    if args.ids is not None:
+        filters.append("AND id = ANY(%(ids)s)")
+        params["ids"] = list(args.ids)
+    connection = connections[alias]
+    delivery = connection.ops.quote_name(table(DeliveryRecord))
+    if ordering.in_use():
+        filters.append("AND " + ordering.head_sql(delivery, delivery))
+        params["blocking"] = list(ordering.blocking_keys())
+    old_claim = ("p.was_status", "p.was_position", "p.was_by", "p.was_at", "p.receiver_key")
+    sql = _POSTGRESQL_CLAIM.format(
+        delivery=delivery,
+        event=connection.ops.quote_name(table(EventRecord)),
+        filters=" ".join(filters),
+        running=running_sql(
+            dict(zip(ROW_COLUMNS, old_claim, strict=True)), delivery=delivery, is_task=_pg_is_task
+        ),
+        is_task=_pg_is_task("p.receiver_key"),
+        kept=KEPT_SQL,
+        micros_due=_micros("c.due_at"),
+        micros_expires=_micros("c.expires_at"),
+        micros_occurred=_micros("e.occurred_at"),
+        **STATUS_SQL,
+        due="(available_at <= %(now)s OR (status = {failed} AND due_at <= %(now)s))".format(
+            **STATUS_SQL
+        )
+        if args.ignore_backoff
+        else "available_at <= %(now)s AND claim_rank <= %(window)s",
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return as_claims(rows, args)
+
+
+def _micros(column: str) -> str:
+    """A ``timestamptz`` column as microseconds since the epoch: a claim's 500 rows read
+    as integers cost a tenth of their timestamps parsed by the driver (about 3 ms)."""
+    return f"(extract(epoch FROM {column}) * 1000000)::bigint"
