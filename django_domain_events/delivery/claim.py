@@ -157,8 +157,9 @@ def _claim_within_limits(
         limits.spend(alias, grants, taken)
     rest = args.limit - len(claims)
     skip = tuple(sorted({key for lm in limited for key in lm.members}))
-    every_one_limited = args.only is not None and args.orphans is None
-    every_one_limited = every_one_limited and set(args.only or ()) <= set(skip)
+    every_one_limited = (
+        args.only is not None and args.orphans is None and set(args.only) <= set(skip)
+    )
     if rest > 0 and not every_one_limited and not any(claim.alone for claim in claims):
         claims += _claim(alias, _more(args, claims, only=args.only, limit=rest, skip=skip))
     if not claims:

@@ -149,11 +149,9 @@ def takes(
         holding = tuple(lm for lm in limited if key in lm.members)
         if holding:
             by_limits.setdefault(holding, []).append(key)
-    own = [(tuple(ks), h) for h, ks in by_limits.items() if any(lm.kind == "receiver" for lm in h)]
-    shared = [
-        (tuple(ks), h) for h, ks in by_limits.items() if not any(lm.kind == "receiver" for lm in h)
-    ]
-    return own + shared
+    found = [(tuple(ks), h) for h, ks in by_limits.items()]
+    # Stable: the receivers with a limit of their own first, each set in its first order.
+    return sorted(found, key=lambda take: not any(lm.kind == "receiver" for lm in take[1]))
 
 
 @dataclass(frozen=True)
