@@ -166,7 +166,11 @@ def _wait_for(
             found = _intervals(log)
             if all(len(found.get(key, [])) >= n for key, n in counts.items()):
                 return
-            if any(child.poll() is not None for child in children):
-                raise RuntimeError("a relay ended early")
+            for child in children:
+                if child.poll() is not None:
+                    error = child.communicate(timeout=10)[1] or ""
+                    raise RuntimeError(
+                        f"a relay ended early (exit {child.returncode}): {error[-2000:]}"
+                    )
         time.sleep(0.2 if not paced else 0.005)
     raise RuntimeError(f"the rows did not run within 600 s: {counts}")

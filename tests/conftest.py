@@ -29,6 +29,7 @@ def isolated_receivers() -> Iterator[None]:
     yield
     limits._empty_until.clear()
     limits._idle_until.clear()
+    limits._seen_at.clear()
     for declared in registry.receivers:
         if declared.key not in before:
             registry.forget(declared.key)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_domain_events import RetryAfter, fire, receiver, run_relay
+from django_domain_events.delivery import limits
 from django_domain_events.delivery.claim import claim_batch
-from django_domain_events.models import DeliveryRecord, DeliveryStatus
+from django_domain_events.models import DeliveryRecord, DeliveryStatus, LimitRecord
 from tests.app.events import OrderPlaced, Pinged
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -132,3 +135,48 @@ def test_the_admin_lists_each_limit(admin_client: object) -> None:
     assert page.status_code == 200
     text = page.content.decode()
     assert "t.crm" in text and "at most 2 at once" in text
+
+
+def _holding_limit_row(key: str, held: threading.Event, done: threading.Event) -> None:
+    """Another claim's transaction: holds the limit row ``key`` locked until ``done``."""
+    try:
+        with transaction.atomic():
+            list(LimitRecord.objects.select_for_update().filter(key=key))
+            held.set()
+            done.wait(30)
+    finally:
+        connection.close()
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite holds no row lock")
+def test_a_limit_held_by_another_claim_costs_one_statement_and_its_rows_wait() -> None:
+    receiver(Pinged, key="t.sms", rate_limit="100/s")(lambda evt: None)
+    receiver(OrderPlaced, key="t.free")(lambda evt: None)
+    fire_each(*(Pinged(n=n) for n in range(40)))
+    fire_each(*(OrderPlaced(order_id=n) for n in range(3)))
+    now = timezone.now() + timedelta(seconds=1)
+    assert "t.sms" in keys(now, limit=1)  # the limit's row is written
+    held, done = threading.Event(), threading.Event()
+    other = threading.Thread(target=_holding_limit_row, args=("t.sms", held, done))
+    other.start()
+    try:
+        assert held.wait(10)
+        with CaptureQueriesContext(connection) as queries:
+            claimed = keys(now + timedelta(seconds=1), worker="w2")
+    finally:
+        done.set()
+        other.join(10)
+    assert sorted(claimed) == ["t.free", "t.free", "t.free"]  # the held limit's rows wait
+    on_limits = [q["sql"] for q in queries if "django_domain_events_limit" in q["sql"]]
+    assert len(on_limits) == 1, on_limits  # the skipped lock alone: no "does it exist?"
+
+
+def test_a_limit_row_deleted_meanwhile_is_written_anew(monkeypatch: pytest.MonkeyPatch) -> None:
+    receiver(Pinged, key="t.sms", rate_limit="100/s")(lambda evt: None)
+    fire_each(*(Pinged(n=n) for n in range(40)))
+    now = timezone.now() + timedelta(seconds=1)
+    assert keys(now, limit=1) == ["t.sms"]
+    LimitRecord.objects.filter(key="t.sms").delete()  # e.g. by hand, in a shell
+    monkeypatch.setattr(limits, "SEEN_SECONDS", 0.0)  # as once SEEN_SECONDS have passed
+    assert keys(now + timedelta(seconds=1), limit=1, worker="w2") == ["t.sms"]
+    assert LimitRecord.objects.filter(key="t.sms").count() == 1
