@@ -150,30 +150,3 @@ def test_sigterm_finishes_the_rows_in_hand_and_hands_back_the_rest() -> None:
     assert sorted(map(str, done.values_list("id", flat=True))) == sorted(ran)  # all finished
     rest = rows.exclude(status=DeliveryStatus.SUCCEEDED)
     assert set(rest.values_list("status", "attempts")) == {(DeliveryStatus.PENDING, 0)}
-
-
-@needs_server
-def test_worker_threads_keep_their_connections_under_conn_max_age_0() -> None:
-    """Django's default CONN_MAX_AGE = 0 closes a connection per request; a worker thread
-    serves rows, not requests: a new connection per row would cost more than the row."""
-    seen: set[int] = set()
-    lock = threading.Lock()
-    backend = (
-        "SELECT pg_backend_pid()"
-        if connection.vendor == "postgresql"
-        else ("SELECT CONNECTION_ID()")
-    )
-
-    def note(evt: OrderPlaced) -> None:
-        with connection.cursor() as cursor:
-            cursor.execute(backend)
-            with lock:
-                seen.add(cursor.fetchone()[0])
-
-    receiver(OrderPlaced, key="t.note")(note)
-    assert connection.settings_dict["CONN_MAX_AGE"] == 0
-    for n in range(40):
-        fire_one(OrderPlaced(order_id=n))
-    counts = run_relay(once=True, concurrency=4, prune=None)
-    assert counts[DeliveryStatus.SUCCEEDED] == 40
-    assert 1 <= len(seen) <= 4, seen  # one connection per worker thread, not per row
