@@ -40,6 +40,7 @@ from django_domain_events.models import DeliveryRecord, DeliveryStatus, EventRec
 # The module fire() lives in (found from the function, so a renamed module is followed):
 # the seeding builds its rows with fire()'s own row builders when they are there.
 fire_module = importlib.import_module(fire.__module__)
+fanout_module = importlib.import_module("django_domain_events.fanout")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BATCH_SIZE = 50
@@ -242,7 +243,7 @@ def _call_builder(name: str, **known: Any) -> Any:
     None when it is gone or needs a parameter not in ``known``: the library is young and
     its private helpers move; the caller then builds the row by hand.
     """
-    build = getattr(fire_module, name, None)
+    build = getattr(fire_module, name, None) or getattr(fanout_module, name, None)
     if build is None:
         return None
     args = []
@@ -288,7 +289,7 @@ def _seed_deliveries(record: EventRecord, cls: type = Tick) -> list[DeliveryReco
     evt = cls(n=record.payload["n"])
     receivers = [r for r in registry.receivers_for(cls) if r.durable]
     built = _call_builder(
-        "_delivery_rows",
+        "delivery_rows",
         record=record,
         evt=evt,
         receivers=receivers,
@@ -296,7 +297,7 @@ def _seed_deliveries(record: EventRecord, cls: type = Tick) -> list[DeliveryReco
     )
     if built is not None:
         # fire() builds plain tuples of values; its ORM path turns them into model rows.
-        as_model = getattr(fire_module, "delivery_record", None)
+        as_model = getattr(fanout_module, "delivery_record", None)
         return [
             row if isinstance(row, DeliveryRecord) or as_model is None else as_model(record.pk, row)
             for row in built

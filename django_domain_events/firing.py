@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import uuid
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -26,7 +26,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from . import clock, conf, priority, signals, tally, tracing
+from . import clock, conf, signals, tally, tracing
 from .codec import encode_event, text_problem
 from .declare import (
     DURABLE,
@@ -38,17 +38,15 @@ from .declare import (
     registry,
 )
 from .delivery import ordering
-from .delivery.outcomes import DeliveryContext, receiver_lifetime_end
 from .delivery.passes import default_worker_id, deliver_one
-from .delivery.run import call_receiver, refuse_awaitable
+from .delivery.run import call_receiver
 from .delivery.wake import wake_after_commit
-from .models import DeliveryRecord, DeliveryStatus, EventRecord, database_alias
+from .fanout import delivery_record, delivery_rows, inline_context, rows_for
+from .models import DeliveryRecord, EventRecord, database_alias
 from .pg_insert import PgInsert, Row
 from .scope import Cause, Scope, caused_by, current_cause, current_scope, suppression_for
 
 logger = logging.getLogger("django_domain_events.fire")
-
-MAX_TARGET_LENGTH = 255
 
 
 class OutsideAtomicWarning(RuntimeWarning):
@@ -145,9 +143,7 @@ def _record(
     # statement on PostgreSQL. targets= and due= callables run once the event row exists,
     # as they always have: they are given its id, and a duplicate must not run them.
     rows = (
-        []
-        if plan.calls_user_code
-        else _delivery_rows(record, evt, durable, expires_at, priority_of)
+        [] if plan.calls_user_code else delivery_rows(record, evt, durable, expires_at, priority_of)
     )
     if plan.calls_user_code:  # the keys' errors before anything is written
         for receiver in durable:
@@ -177,7 +173,7 @@ def _after_insert(
     """Once the event row is written: the rows needing user code, the tally, ``INLINE``
     receivers, and what runs after commit."""
     if plan.calls_user_code:
-        rows = _delivery_rows(record, evt, durable, expires_at, priority_of)
+        rows = delivery_rows(record, evt, durable, expires_at, priority_of)
         eager_ids = _insert_deliveries(alias, record.pk, rows, plan.eager_keys)
     _count_scheduled(plan, rows, alias)
     for receiver in plan.inline:
@@ -240,7 +236,7 @@ def record_received_many(
         if (plan.event.name, key) not in prepared:
             now = clock.now()
             values = _event_values(plan.event, evt, occurred_at, now, key, None, alias, got)
-            rows = _rows_for(evt, plan.durable, occurred_at, now, got.expires_at, None)
+            rows = rows_for(evt, plan.durable, occurred_at, now, got.expires_at, None)
             prepared[(plan.event.name, key)] = (plan, evt, values, rows)
     eager_keys = sorted({key for plan in plans for key in plan.eager_keys})
     with transaction.atomic(using=alias, savepoint=False):
@@ -495,144 +491,6 @@ def _insert_deliveries(
     )
     # MySQL cannot return the ids of a multi-row insert: no eager attempt there.
     return [d.pk for d in created if d.pk is not None and d.receiver_key in eager_keys]
-
-
-def delivery_record(event_id: int, row: Row) -> DeliveryRecord:
-    """``row`` as an unsaved model instance: the ORM path, and the benchmark's seeding."""
-    return DeliveryRecord(
-        event_id=event_id,
-        receiver_key=row.receiver_key,
-        target=row.target,
-        status=DeliveryStatus.PENDING,
-        max_attempts=row.max_attempts,
-        available_at=row.due_at,
-        due_at=row.due_at,
-        expires_at=row.expires_at,
-        priority_credit=row.priority_credit,
-        claim_rank=row.claim_rank,
-        order_key=row.order_key,
-    )
-
-
-def inline_context(
-    record: EventRecord, receiver: RegisteredReceiver, target: str = ""
-) -> DeliveryContext:
-    """The context of a call with no delivery row: targets=, due=, INLINE, ON_COMMIT."""
-    return DeliveryContext(
-        event_id=record.pk,
-        event_name=record.name,
-        attempt=1,
-        actor_key=record.actor_key,
-        actor_label=record.actor_label,
-        scope=record.scope,
-        target=target,
-        delivery_id=None,
-        due_at=None,
-        receiver_key=receiver.key,
-        occurred_at=record.occurred_at,
-        correlation_id=record.correlation_id,
-    )
-
-
-def resolve_targets(record: EventRecord, evt: object, receiver: RegisteredReceiver) -> list[str]:
-    """The receiver's distinct targets, in first-seen order; refuses anything but strings."""
-    if receiver.targets is None:
-        return [""]
-    with caused_by(record.pk, record.correlation_id):
-        found = receiver.targets(evt, inline_context(record, receiver))
-    refuse_awaitable(found, f"targets= of {receiver.key}", "the targets directly")
-    if isinstance(found, str) or not isinstance(found, Iterable):
-        raise TypeError(
-            f"targets= of {receiver.key} must return an iterable of strings, not {found!r}."
-        )
-    targets: dict[str, None] = {}
-    for target in found:
-        if not isinstance(target, str) or not target.strip():
-            raise ValueError(
-                f"targets= of {receiver.key} returned {target!r}; every target must be a "
-                "non-empty string (an id or address)."
-            )
-        if len(target) > MAX_TARGET_LENGTH:
-            raise ValueError(
-                f"targets= of {receiver.key} returned a target of {len(target)} characters; "
-                f"targets are stored in a column of {MAX_TARGET_LENGTH}."
-            )
-        problem = text_problem(target)
-        if problem:
-            raise ValueError(f"targets= of {receiver.key} returned {target!r}, which {problem}.")
-        targets[target] = None
-    return list(targets)
-
-
-def resolve_due(
-    receiver: RegisteredReceiver, evt: object, occurred_at: datetime, recorded_at: datetime
-) -> datetime:
-    """When the receiver's row becomes owed: never earlier than ``recorded_at``."""
-    due = receiver.due
-    if due is None:
-        return recorded_at
-    if isinstance(due, timedelta):
-        return max(occurred_at + due, recorded_at)
-    value = due(evt)
-    refuse_awaitable(value, f"due= of {receiver.key}", "an aware datetime directly")
-    when = clock.accept(value, what=f"due= of {receiver.key}")
-    return max(when, recorded_at)
-
-
-def _delivery_rows(
-    record: EventRecord,
-    evt: object,
-    receivers: Iterable[RegisteredReceiver],
-    message_expiry: datetime | None = None,
-    priority_of: int | None = None,
-) -> list[Row]:
-    """The rows the durable ``receivers`` are owed, as plain tuples (no model instances)."""
-    return _rows_for(
-        evt, receivers, record.occurred_at, record.recorded_at, message_expiry, record, priority_of
-    )
-
-
-def _rows_for(
-    evt: object,
-    receivers: Iterable[RegisteredReceiver],
-    occurred_at: datetime,
-    recorded_at: datetime,
-    message_expiry: datetime | None,
-    record: EventRecord | None,
-    priority_of: int | None = None,
-) -> list[Row]:
-    """``_delivery_rows`` from the event's times; ``record`` is read only by a
-    ``targets=`` callable (None where no receiver has one).
-
-    A consumed message's expiry caps each row's lifetime: the earlier end wins; a fire's
-    ``priority_of`` stands for each receiver's own.
-    """
-    rows = []
-    for receiver in receivers:
-        due_at = resolve_due(receiver, evt, occurred_at, recorded_at)
-        expires_at = receiver_lifetime_end(receiver, due_at)
-        if message_expiry is not None:
-            expires_at = message_expiry if expires_at is None else min(expires_at, message_expiry)
-        credit = priority.credit(receiver.priority if priority_of is None else priority_of)
-        key = ordering.order_key(receiver, evt)
-        targets = [""] if receiver.targets is None else None
-        if targets is None:
-            assert record is not None, "a targets= callable is given the event row"
-            targets = resolve_targets(record, evt, receiver)
-        for target in targets:
-            rows.append(
-                Row(
-                    receiver.key,
-                    target,
-                    receiver.max_attempts,
-                    due_at,
-                    expires_at,
-                    credit,
-                    priority.rank(due_at) - credit,
-                    key,
-                )
-            )
-    return rows
 
 
 def _run_on_commit(record: EventRecord, evt: object, receiver: RegisteredReceiver) -> None:

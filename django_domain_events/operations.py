@@ -22,7 +22,7 @@ from .delivery import ordering
 from .delivery.outcomes import receiver_lifetime_end
 from .delivery.ticks import record_skipped, sync_schedules
 from .delivery.wake import wake_after_commit
-from .firing import resolve_due, resolve_targets
+from .fanout import resolve_due, resolve_targets
 from .models import DeliveryRecord, DeliveryStatus, EventRecord, ScheduleRecord, database_alias
 from .recurrence import Schedule, aware, schedules
 from .retention import remember_successes
