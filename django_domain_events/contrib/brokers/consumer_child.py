@@ -14,7 +14,9 @@ answered on stdout by request id (several may be under way at once: the parent f
 the next batch while acknowledging the last):
 
 - ``fetch (limit, wait)``: ``(batch id, [(attributes, body, headers), ...])``; the child
-  keeps the batch's tokens under its id until it is acknowledged or released;
+  keeps the batch's tokens under its id until it is acknowledged or released, and reads
+  the next batch ahead while the parent records this one (released with a release, or at
+  the stop);
 - ``ack [batch ids]`` / ``release [batch ids]``: those batches' messages;
 - ``stop``: close the connection, answer, exit.
 
@@ -28,6 +30,7 @@ and SIGTERM are ignored: the parent decides when the child stops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import marshal
@@ -39,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from .options import BrokerConfig
-from .transport import Fetcher
+from .transport import Fetcher, Parsed
 
 #: The length that starts every frame, both ways.
 HEADER = struct.Struct("!I")
@@ -79,6 +82,7 @@ class Child:
         self.batches: dict[int, list[Any]] = {}
         self.next_batch = 1
         self.tasks: set[asyncio.Task[None]] = set()
+        self.ahead: asyncio.Task[list[Parsed]] | None = None  # the next batch, read ahead
 
     def answer(self, request: int, status: str, value: Any) -> None:
         """Write one answer (whole: a frame is never interleaved with another)."""
@@ -93,6 +97,8 @@ class Child:
             except EOFError:  # the parent is gone: nothing here is anyone's any more
                 os._exit(0)
             if op == "stop":
+                with contextlib.suppress(Exception):  # closing: redelivered after ack_wait
+                    await self.hand_back([])
                 await self.fetcher.close()
                 self.answer(request, "ok", None)
                 return
@@ -111,8 +117,7 @@ class Child:
 
     async def run(self, op: str, argument: Any) -> Any:
         if op == "fetch":
-            limit, wait = argument
-            parsed = await self.fetcher.fetch(limit, wait)
+            parsed = await self.fetched(*argument)
             if not parsed:
                 return (0, [])
             batch, self.next_batch = self.next_batch, self.next_batch + 1
@@ -122,10 +127,35 @@ class Child:
         if op == "ack":
             await self.fetcher.ack(tokens)
         elif op == "release":
-            await self.fetcher.release(tokens)
+            await self.hand_back(tokens)
         else:
             raise ValueError(f"unknown request {op!r}; send fetch, ack, release or stop.")
         return None
+
+    async def fetched(self, limit: int, wait: float) -> list[Parsed]:
+        """The batch read ahead (or a new one), and the next one read ahead meanwhile: the
+        parent asks for a batch only when it starts recording the one before, so the
+        child keeps one more ready for it."""
+        ahead, self.ahead = self.ahead, None
+        parsed = await ahead if ahead is not None else await self.fetcher.fetch(limit, wait)
+        if parsed:  # an idle broker is not read ahead: a stop would wait for the read
+            self.ahead = asyncio.create_task(self.fetcher.fetch(limit, wait))
+        return parsed
+
+    async def hand_back(self, tokens: list[Any]) -> None:
+        """Release ``tokens`` and the batch read ahead, in the order fetched; only once
+        the read ahead has ended, since a read under way and a release would both move
+        the fetcher's place in its queue."""
+        ahead, self.ahead = self.ahead, None
+        later: list[Parsed] = []
+        if ahead is not None:
+            try:
+                later = await ahead
+            except Exception:  # failed: nothing of it is ours to release
+                later = []
+        tokens = tokens + [token for *_, token in later]
+        if tokens:
+            await self.fetcher.release(tokens)
 
 
 async def main(config: dict[str, Any], out: BinaryIO) -> None:
