@@ -159,12 +159,11 @@ class ProcessConsumer:
     async def close(self) -> None:
         """Stop the child (killed if it does not stop in time) and wait for it; never
         raises."""
-        process, self.process = self.process, None
+        process = self.process
         if process is None:
             return
         if not self.gone:
             with contextlib.suppress(Exception):
-                self.process = process
                 await asyncio.wait_for(self._request("stop"), _STOP_SECONDS)
         self.process = None
         self._lost("the consumer was closed")
