@@ -116,6 +116,7 @@ class Child:
             self.answer(request, "ok", value)
 
     async def run(self, op: str, argument: Any) -> Any:
+        """What one request answers: a batch (its tokens kept), or None once done."""
         if op == "fetch":
             parsed = await self.fetched(*argument)
             if not parsed:

@@ -165,6 +165,7 @@ class Consumer:
             raise BrokerDown(f"{type(error).__name__}: {error}") from error
 
     async def fetch(self, limit: int, wait: float) -> list[Parsed]:
+        """Up to ``limit`` messages in plain values, each its own token."""
         if self.nc is None or not self.nc.is_connected:
             raise BrokerDown("the connection to NATS is closed")
         try:
@@ -174,11 +175,13 @@ class Consumer:
         return [_parsed(m) for m in got]
 
     async def ack(self, tokens: Sequence[Any]) -> None:
+        """Acknowledge each message, then flush the acks once."""
         for message in tokens:
             await message.ack()
         await self.nc.flush(timeout=self.config.confirm_timeout)
 
     async def release(self, tokens: Sequence[Any]) -> None:
+        """``nak`` each message, for another delivery at once."""
         for message in tokens:
             await message.nak()
         await self.nc.flush(timeout=self.config.confirm_timeout)

@@ -113,6 +113,8 @@ class Consumer:
         self.pending_after = "0"
 
     async def fetch(self, limit: int, wait: float) -> list[Parsed]:
+        """Up to ``limit`` entries in plain values, their ids the tokens: own pending
+        entries first, then idle ones claimed from dead consumers, then new ones."""
         sub = self.subscription
         while self.pending_after is not None:
             reply = await self._entries(self.pending_after, limit, None)
@@ -148,10 +150,12 @@ class Consumer:
         return [_parsed(fields, entry_id) for entry_id, fields in entries if fields]
 
     async def ack(self, tokens: Sequence[Any]) -> None:
+        """One ``XACK`` of every entry id."""
         sub = self.subscription
         await self.client.xack(sub.source, sub.name, *tokens)
 
     async def release(self, tokens: Sequence[Any]) -> None:
+        """Nothing at the server: the entries stay pending, read again first."""
         self.pending_after = "0"  # still pending for this consumer: read again first
 
     async def close(self) -> None:
