@@ -213,6 +213,19 @@ def test_consumer_process_is_a_bool_of_nats_and_redis_brokers(entry, message) ->
     assert "['BROKERS']['b']" in found[0]
 
 
+def test_manage_py_check_names_a_bad_consumer_process_and_the_fix() -> None:
+    from django.core import checks
+
+    entries = {"js": {"URL": "nats://127.0.0.1:1", "CONSUMER_PROCESS": "no"}}
+    with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": entries}):
+        found = [m for m in checks.run_checks() if m.id == "django_domain_events.E020"]
+    assert [m.msg for m in found] == [
+        "DJANGO_DOMAIN_EVENTS['BROKERS']['js']['CONSUMER_PROCESS'] must be True or False, "
+        "not 'no'; e.g. {'CONSUMER_PROCESS': False} to run the consumer's client in its own "
+        "thread."
+    ]
+
+
 def test_consumer_process_defaults_to_a_child_for_nats_and_redis() -> None:
     entries = {
         "js": {"URL": "nats://h"},
