@@ -246,3 +246,45 @@ def test_new_ids_read_as_uuid4_hex() -> None:
     for value in drawn:
         parsed = uuid.UUID(hex=value)
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and parsed.hex == value
+
+
+def test_a_broker_the_child_cannot_reach_is_an_outage_and_leaves_no_child(caplog) -> None:
+    from django_domain_events.contrib.brokers.consuming import ConsumerHalted
+
+    name = f"dde-test-{uuid.uuid4().hex[:10]}"
+    entries = {
+        "default": {
+            "URL": "nats://127.0.0.1:17401",
+            "CONNECT_TIMEOUT_SECONDS": 0.5,
+            "CONFIRM_TIMEOUT_SECONDS": 0.5,
+        }
+    }
+    with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": entries}):
+        subscribe(name, name=f"{name}-in")
+        try:
+            with pytest.raises(ConsumerHalted, match="failed 5 times in a row"):
+                run_consumer(once=True, wait=0.2)
+        finally:
+            forget(f"{name}-in")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings and all(
+        "127.0.0.1:17401" in w and "not connected within 1s" in w for w in warnings
+    )
+    assert children_of(os.getpid()) == []
+
+
+def test_the_child_program_imports_no_django() -> None:
+    import subprocess
+    import sys
+
+    modules = ("consumer_child", "nats", "redis")
+    imports = "; ".join(f"import django_domain_events.contrib.brokers.{m}" for m in modules)
+    check = "import sys; print(sorted(m for m in sys.modules if m.split('.')[0] == 'django'))"
+    result = subprocess.run(
+        [sys.executable, "-c", f"{imports}; {check}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert result.stdout.strip() == "[]"

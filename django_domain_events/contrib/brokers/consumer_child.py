@@ -89,13 +89,16 @@ class Child:
         self.out.write(frame((request, status, value)))
         self.out.flush()
 
-    async def serve(self, reader: asyncio.StreamReader) -> None:
-        """Answer requests until ``stop``; exit at once at the end of stdin."""
+    async def serve(self, reader: asyncio.StreamReader, first: asyncio.Task[Any]) -> None:
+        """Answer requests (``first`` reads the first) until ``stop``; exit at once at
+        the end of stdin."""
+        reading = first
         while True:
             try:
-                request, op, argument = await read_frame(reader)
+                request, op, argument = await reading
             except EOFError:  # the parent is gone: nothing here is anyone's any more
                 os._exit(0)
+            reading = asyncio.create_task(read_frame(reader))
             if op == "stop":
                 with contextlib.suppress(Exception):  # closing: redelivered after ack_wait
                     await self.hand_back([])
@@ -172,13 +175,26 @@ async def main(config: dict[str, Any], out: BinaryIO) -> None:
     await loop.connect_read_pipe(
         lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", buffering=0)
     )
+    # stdin is read from the start: a parent gone (or stopping it) while the connection
+    # is still being made ends the child too.
+    first = asyncio.create_task(read_frame(reader))
+    # Bounded here: nats-py may never return from a refused connection.
+    limit = broker.connect_timeout + broker.confirm_timeout
+    connecting = asyncio.create_task(asyncio.wait_for(fetcher.connect(), limit))
+    await asyncio.wait({first, connecting}, return_when=asyncio.FIRST_COMPLETED)
+    if not connecting.done():
+        os._exit(0)
     try:
-        await fetcher.connect()
+        connecting.result()
+    except TimeoutError:
+        why = "CONNECT_TIMEOUT_SECONDS + CONFIRM_TIMEOUT_SECONDS"
+        child.answer(0, "down", f"TimeoutError: not connected within {limit:g}s ({why})")
+        return
     except Exception as error:
         child.answer(0, "down", f"{type(error).__name__}: {error}")
         return
     child.answer(0, "ok", os.getpid())
-    await child.serve(reader)
+    await child.serve(reader, first)
 
 
 def run() -> None:
