@@ -16,7 +16,6 @@ out once per class (``_Plan``), not on every call.
 from __future__ import annotations
 
 import logging
-import uuid
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from .delivery.passes import default_worker_id, deliver_one
 from .delivery.run import call_receiver
 from .delivery.wake import wake_after_commit
 from .fanout import delivery_record, delivery_rows, inline_context, rows_for
+from .ids import new_id
 from .models import DeliveryRecord, EventRecord, database_alias
 from .pg_insert import PgInsert, Row
 from .scope import Cause, Scope, caused_by, current_cause, current_scope, suppression_for
@@ -406,7 +406,7 @@ def _event_values(
         correlation_id, trace_context = _correlation(alias, cause), tracing.current()
     else:  # attributed to the other service, continuing its chain and trace
         scope, cause = Scope(actor_key=received.source, actor_label=received.source), None
-        correlation_id = received.correlation_id or uuid.uuid4().hex
+        correlation_id = received.correlation_id or new_id()
         trace_context = received.trace_context
     return dict(
         name=registered.name,
@@ -435,7 +435,7 @@ def _event_values(
 def _correlation(alias: str, cause: Cause | None) -> str:
     """The chain's correlation id: the cause's, or a new one for a root event."""
     if cause is None:
-        return uuid.uuid4().hex
+        return new_id()
     if cause.correlation_id:
         return cause.correlation_id
     causing = (

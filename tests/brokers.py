@@ -22,6 +22,25 @@ URLS = {
     "redis": os.environ.get("DDE_REDIS_URL", "redis://127.0.0.1:6379/0"),
 }
 TRANSPORTS = tuple(URLS)
+#: Each way a consumer may run: RabbitMQ in the process; NATS and Redis with their client in
+#: a child process (CONSUMER_PROCESS, the default) or on the process's broker loop.
+CONSUMER_MODES = (
+    ("rabbitmq", None),
+    ("nats", True),
+    ("nats", False),
+    ("redis", True),
+    ("redis", False),
+)
+
+
+def consumer_mode_id(mode: tuple[str, bool | None]) -> str:
+    transport, process = mode
+    return transport if process is None else f"{transport}-{'child' if process else 'thread'}"
+
+
+def broker_entry(url: str, process: bool | None) -> dict[str, object]:
+    """A ``BROKERS`` entry for ``url``, with ``CONSUMER_PROCESS`` when it is not None."""
+    return {"URL": url} if process is None else {"URL": url, "CONSUMER_PROCESS": process}
 
 
 def reachable(url: str) -> bool:

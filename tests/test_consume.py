@@ -25,17 +25,20 @@ from django_domain_events.contrib.brokers.transport import Outgoing, make_transp
 from django_domain_events.inbox import forget
 from django_domain_events.models import DeadMessage, DeliveryRecord, EventRecord
 from tests.app.events import OrderPlaced, OrderShipped
-from tests.brokers import TRANSPORTS, require
+from tests.brokers import CONSUMER_MODES, broker_entry, consumer_mode_id, require
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(params=TRANSPORTS)
+@pytest.fixture(params=CONSUMER_MODES, ids=consumer_mode_id)
 def kind(request) -> Iterator[str]:
-    """Each broker of the machine: skipped when down, a failure under CI=true."""
-    url = require(request.param)
-    with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": {"default": {"URL": url}}}):
-        yield request.param
+    """Each broker of the machine, NATS and Redis consumed both from a child process and
+    in the process: skipped when down, a failure under CI=true."""
+    transport, process = request.param
+    url = require(transport)
+    entry = broker_entry(url, process)
+    with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": {"default": entry}}):
+        yield transport
 
 
 @pytest.fixture
@@ -191,11 +194,13 @@ def test_a_consumer_stopping_hands_back_the_batch_it_fetched_ahead(kind, source)
     assert EventRecord.objects.count() == 6
 
 
-def test_a_stream_entry_with_bytes_that_are_not_utf8_is_kept_dead(source) -> None:
+@pytest.mark.parametrize("process", [True, False], ids=["child", "thread"])
+def test_a_stream_entry_with_bytes_that_are_not_utf8_is_kept_dead(source, process) -> None:
     import redis
 
     url = require("redis")
-    with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": {"default": {"URL": url}}}):
+    entry = broker_entry(url, process)
+    with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": {"default": entry}}):
         subscribe_to(source)
         run_consumer(once=True, wait=0.5)
         client = redis.Redis.from_url(url)

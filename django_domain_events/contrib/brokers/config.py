@@ -14,7 +14,6 @@ import importlib.util
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,6 +22,13 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
 from ... import conf
+from .options import (
+    BOOLEAN_OPTIONS,
+    COMMON_OPTIONS,
+    TRANSPORT_OPTIONS,
+    BrokerConfig,
+)
+from .options import nats_stream_name as nats_stream_name  # re-exported: its importers
 
 SETTING = f"{conf.SETTINGS_NAME}['BROKERS']"
 
@@ -43,60 +49,8 @@ CLIENTS = {
     "redis": ("redis", "redis"),
 }
 
-#: Options every transport takes, with their defaults (seconds).
-COMMON_OPTIONS: dict[str, float] = {
-    # How long a batch waits for the broker's confirms before failing the rows unconfirmed.
-    "CONFIRM_TIMEOUT_SECONDS": 10.0,
-    # How long connecting may take before the broker counts as down.
-    "CONNECT_TIMEOUT_SECONDS": 2.0,
-    # While a broker is down, how long its rows wait before the next try (the probe).
-    "RETRY_CONNECT_SECONDS": 0.5,
-}
-
-#: Options of one transport only, with their defaults.
-TRANSPORT_OPTIONS: dict[str, dict[str, Any]] = {
-    "rabbitmq": {},
-    # The stream's de-duplication window for Nats-Msg-Id (created streams only).
-    "nats": {"DUPLICATE_WINDOW_SECONDS": 120.0},
-    # XADD ... MAXLEN ~ n: trim the stream to about n entries; None keeps everything.
-    "redis": {"MAXLEN": None},
-}
-
-# NATS forbids these in stream names; each is replaced by "_" (see nats_stream_name).
-_NATS_STREAM_FORBIDDEN = re.compile(r"[\s.*>/\\\x00-\x1f\x7f]")
 _AMQP_EXCHANGE = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
 _NATS_TOKEN = re.compile(r"^[^\s.*>]+$")
-
-
-@dataclass(frozen=True)
-class BrokerConfig:
-    """One configured broker: its name, URL, transport and options."""
-
-    name: str
-    url: str
-    transport: str
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def confirm_timeout(self) -> float:
-        return float(self.options["CONFIRM_TIMEOUT_SECONDS"])
-
-    @property
-    def connect_timeout(self) -> float:
-        return float(self.options["CONNECT_TIMEOUT_SECONDS"])
-
-    @property
-    def retry_connect(self) -> float:
-        return float(self.options["RETRY_CONNECT_SECONDS"])
-
-    @property
-    def safe_url(self) -> str:
-        """The URL without its password, for logs and messages."""
-        parts = urlsplit(self.url)
-        if parts.password is None:
-            return self.url
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return parts._replace(netloc=netloc).geturl()
 
 
 def raw_setting() -> Any:
@@ -158,9 +112,20 @@ def _option_problems(where: str, transport: str, entry: Mapping[str, Any]) -> li
     for key, value in entry.items():
         if key == "URL":
             continue
-        if key not in known:
+        if key not in known and key in BOOLEAN_OPTIONS:
+            found.append(
+                f"{where}[{key!r}] = {value!r}: {key} is an option of nats and redis brokers "
+                f"only ({transport} consumers keep up in the process); remove it."
+            )
+        elif key not in known:
             names = ", ".join(sorted(known))
             found.append(f"{where}[{key!r}] is not an option of {transport} brokers; use {names}.")
+        elif key in BOOLEAN_OPTIONS:
+            if not isinstance(value, bool):
+                found.append(
+                    f"{where}[{key!r}] must be True or False, not {value!r}; "
+                    f"e.g. {{{key!r}: False}} to run the consumer's client in its own thread."
+                )
         elif key == "MAXLEN":
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
@@ -242,13 +207,6 @@ def destination_problem(transport: str, to: object) -> str:
     elif len(to.encode()) > 512:
         return f"to={to[:40]!r}... is longer than 512 bytes; choose a shorter stream key."
     return ""
-
-
-def nats_stream_name(to: str) -> str:
-    """The JetStream stream capturing ``<to>.>``: ``to`` with every character NATS forbids
-    in stream names (whitespace, ``.``, ``*``, ``>``, ``/``, ``\\``, control characters)
-    replaced by ``_``; ``orders.eu`` -> ``orders_eu``."""
-    return _NATS_STREAM_FORBIDDEN.sub("_", to)
 
 
 def event_source() -> str:

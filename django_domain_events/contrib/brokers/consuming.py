@@ -3,11 +3,12 @@
 ``run_consumer`` is what ``manage.py consume_events`` runs, and what a process embeds
 (as ``run_relay`` is for delivery). Each subscription has its transport's ``Consumer``
 (``rabbitmq.py``, ``nats.py``, ``redis.py``), whose client runs on the process's broker
-loop (``transport.loop``); recording runs here, on the caller's thread, with Django's
-database connection. Nothing is acknowledged before the batch committed: a database
-error hands the batch back unacknowledged (the broker delivers it again), and a crash
-between commit and acknowledgement only makes the broker deliver again what the inbox
-then finds recorded.
+loop (``transport.loop``) or, for NATS and Redis, in a child process of its own
+(``consumer_process.py``, so its parsing holds no GIL of ours); recording runs here, on
+the caller's thread, with Django's database connection. Nothing is acknowledged before
+the batch committed: a database error hands the batch back unacknowledged (the broker
+delivers it again), and a crash between commit and acknowledgement only makes the
+broker deliver again what the inbox then finds recorded.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from django.db import DatabaseError, connections
 from ...inbox import Message, Subscription, record_batch, subscriptions
 from ...models import database_alias
 from .config import BrokerConfig, broker, import_client
-from .transport import run, submit
+from .transport import Fetcher, run, submit
 
 logger = logging.getLogger("django_domain_events.consume")
 
@@ -81,11 +82,51 @@ class Consumer(Protocol):
 
 
 def make_consumer(config: BrokerConfig, subscription: Subscription, worker_id: str) -> Consumer:
-    """A new, unconnected consumer of ``subscription`` (imports the client library)."""
+    """A new, unconnected consumer of ``subscription`` (imports the client library):
+    for NATS and Redis, their fetcher in a child process (``CONSUMER_PROCESS``, the
+    default) or on this process's broker loop."""
     import_client(config)
+    if config.transport == "rabbitmq":
+        module = importlib.import_module(_MODULES[config.transport], __package__)
+        consumer: Consumer = module.Consumer(config, subscription, worker_id)
+        return consumer
+    if config.consumer_process:
+        child = importlib.import_module(".consumer_process", __package__)
+        consumer = child.ProcessConsumer(config, subscription, worker_id)
+        return consumer
     module = importlib.import_module(_MODULES[config.transport], __package__)
-    consumer: Consumer = module.Consumer(config, subscription, worker_id)
-    return consumer
+    return InThread(module.Consumer(config, subscription, worker_id))
+
+
+class InThread:
+    """A fetcher on this process's broker loop, seen as a ``Consumer``: its plain values
+    become ``Message``s here (the fetcher imports nothing of Django)."""
+
+    def __init__(self, fetcher: Fetcher) -> None:
+        self.fetcher = fetcher
+
+    async def connect(self) -> None:
+        """Connect the fetcher (``BrokerDown`` when the broker cannot be reached)."""
+        await self.fetcher.connect()
+
+    async def fetch(self, limit: int, wait: float) -> list[Fetched]:
+        """Up to ``limit`` messages, waiting at most ``wait`` seconds for the first."""
+        return [
+            Fetched(Message(attributes, body, headers), token)
+            for attributes, body, headers, token in await self.fetcher.fetch(limit, wait)
+        ]
+
+    async def ack(self, batch: Sequence[Fetched]) -> None:
+        """Acknowledge every message of ``batch``."""
+        await self.fetcher.ack([fetched.token for fetched in batch])
+
+    async def release(self, batch: Sequence[Fetched]) -> None:
+        """Hand ``batch`` back unacknowledged."""
+        await self.fetcher.release([fetched.token for fetched in batch])
+
+    async def close(self) -> None:
+        """Close the fetcher; never raises."""
+        await self.fetcher.close()
 
 
 def default_worker_id() -> str:

@@ -19,11 +19,9 @@ from nats.errors import ConnectionClosedError, NoServersError, StaleConnectionEr
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import NotFoundError
 
-from ...inbox import Message
 from . import envelope
-from .config import BrokerConfig, nats_stream_name
-from .consuming import Fetched
-from .transport import BrokerDown, Confirmations, Outgoing, Refused
+from .options import BrokerConfig, nats_stream_name
+from .transport import BrokerDown, Confirmations, Outgoing, Parsed, Refused
 
 _DOWN = (ConnectionClosedError, NoServersError, StaleConnectionError, OSError)
 
@@ -166,23 +164,26 @@ class Consumer:
             await self.close()
             raise BrokerDown(f"{type(error).__name__}: {error}") from error
 
-    async def fetch(self, limit: int, wait: float) -> list[Any]:
+    async def fetch(self, limit: int, wait: float) -> list[Parsed]:
+        """Up to ``limit`` messages in plain values, each its own token."""
         if self.nc is None or not self.nc.is_connected:
             raise BrokerDown("the connection to NATS is closed")
         try:
             got = await self.pull.fetch(batch=limit, timeout=max(wait, 0.05))
         except (TimeoutError, NatsTimeoutError):
             return []
-        return [Fetched(_nats_message(m), m) for m in got]
+        return [_parsed(m) for m in got]
 
-    async def ack(self, batch: Sequence[Any]) -> None:
-        for fetched in batch:
-            await fetched.token.ack()
+    async def ack(self, tokens: Sequence[Any]) -> None:
+        """Acknowledge each message, then flush the acks once."""
+        for message in tokens:
+            await message.ack()
         await self.nc.flush(timeout=self.config.confirm_timeout)
 
-    async def release(self, batch: Sequence[Any]) -> None:
-        for fetched in batch:
-            await fetched.token.nak()
+    async def release(self, tokens: Sequence[Any]) -> None:
+        """``nak`` each message, for another delivery at once."""
+        for message in tokens:
+            await message.nak()
         await self.nc.flush(timeout=self.config.confirm_timeout)
 
     async def close(self) -> None:
@@ -192,9 +193,8 @@ class Consumer:
                 await nc.close()
 
 
-def _nats_message(incoming: Any) -> Any:
-    """The inbox's view of a JetStream message (nats-py parses its headers as text)."""
+def _parsed(incoming: Any) -> Parsed:
+    """A JetStream message in plain values, itself the token (nats-py parses its headers
+    as text)."""
     headers = dict(incoming.headers) if incoming.headers else {}
-    return Message(
-        attributes=envelope.attributes_of(headers), body=bytes(incoming.data), headers=headers
-    )
+    return envelope.attributes_of(headers), bytes(incoming.data), headers, incoming

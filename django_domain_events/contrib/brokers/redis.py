@@ -17,11 +17,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ...inbox import Message
 from . import envelope
-from .config import BrokerConfig
-from .consuming import Fetched
-from .transport import BrokerDown, Confirmations, Outgoing, Refused
+from .options import BrokerConfig
+from .transport import BrokerDown, Confirmations, Outgoing, Parsed, Refused
 
 _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 #: The body's field name, as redis-py returns it (bytes, or text with decode_responses).
@@ -114,7 +112,9 @@ class Consumer:
             raise BrokerDown(f"{type(error).__name__}: {error}") from error
         self.pending_after = "0"
 
-    async def fetch(self, limit: int, wait: float) -> list[Any]:
+    async def fetch(self, limit: int, wait: float) -> list[Parsed]:
+        """Up to ``limit`` entries in plain values, their ids the tokens: own pending
+        entries first, then idle ones claimed from dead consumers, then new ones."""
         sub = self.subscription
         while self.pending_after is not None:
             reply = await self._entries(self.pending_after, limit, None)
@@ -133,7 +133,7 @@ class Consumer:
                 return await self._fetched(claimed)
         return await self._read(">", limit, max(1, int(wait * 1000)))
 
-    async def _read(self, start: str, limit: int, block: int | None) -> list[Any]:
+    async def _read(self, start: str, limit: int, block: int | None) -> list[Parsed]:
         return await self._fetched(await self._entries(start, limit, block))
 
     async def _entries(self, start: str, limit: int, block: int | None) -> list[Any]:
@@ -143,17 +143,19 @@ class Consumer:
         )
         return [entry for _, stream_entries in reply or [] for entry in stream_entries]
 
-    async def _fetched(self, entries: Sequence[Any]) -> list[Any]:
+    async def _fetched(self, entries: Sequence[Any]) -> list[Parsed]:
         gone = [entry_id for entry_id, fields in entries if not fields]
         if gone:  # trimmed from the stream while pending: nothing left to record
             await self.client.xack(self.subscription.source, self.subscription.name, *gone)
-        return [Fetched(_redis_message(fields), entry_id) for entry_id, fields in entries if fields]
+        return [_parsed(fields, entry_id) for entry_id, fields in entries if fields]
 
-    async def ack(self, batch: Sequence[Any]) -> None:
+    async def ack(self, tokens: Sequence[Any]) -> None:
+        """One ``XACK`` of every entry id."""
         sub = self.subscription
-        await self.client.xack(sub.source, sub.name, *[fetched.token for fetched in batch])
+        await self.client.xack(sub.source, sub.name, *tokens)
 
-    async def release(self, batch: Sequence[Any]) -> None:
+    async def release(self, tokens: Sequence[Any]) -> None:
+        """Nothing at the server: the entries stay pending, read again first."""
         self.pending_after = "0"  # still pending for this consumer: read again first
 
     async def close(self) -> None:
@@ -167,10 +169,11 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _redis_message(fields: Any) -> Any:
-    """The inbox's view of a stream entry: every field read as text once (an invalid
-    UTF-8 byte replaced, so the entry is kept dead rather than stopping the consumer)."""
+def _parsed(fields: Any, entry_id: Any) -> Parsed:
+    """A stream entry in plain values, its id the token: every field read as text once
+    (an invalid UTF-8 byte replaced, so the entry is kept dead rather than stopping the
+    consumer)."""
     headers = {_text(k): _text(v) for k, v in fields.items() if k not in _DATA}
     data = fields.get(_DATA[0], fields.get(_DATA[1], b""))
     body = data if isinstance(data, bytes) else str(data).encode()
-    return Message(attributes=envelope.attributes_of(headers), body=body, headers=headers)
+    return envelope.attributes_of(headers), body, headers, entry_id

@@ -3,7 +3,8 @@
 The clients are asyncio libraries (aio-pika, nats-py, redis.asyncio): one loop per
 process, in a daemon thread of its own, holds every broker connection for the life of
 the process; the relay's thread hands it a batch and waits for the confirms. A
-transport module is imported only when a broker of its kind is used.
+transport module is imported only when a broker of its kind is used. This module and
+the transport modules import nothing of Django: the consumer child runs them alone.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from .config import BrokerConfig, import_client
 from .envelope import Envelope
+from .options import BrokerConfig
 
 T = TypeVar("T")
 
@@ -56,11 +57,38 @@ class Transport(Protocol):
         """Close the connection; never raises."""
 
 
+#: One message a fetcher parsed, in plain values (what a pipe carries): its CloudEvents
+#: attributes, its body, its headers as received, and what the fetcher acknowledges it by.
+Parsed = tuple[dict[str, str], bytes, dict[str, str], Any]
+
+
+class Fetcher(Protocol):
+    """One subscription's connection to a NATS or Redis broker, in plain values: what the
+    consumer runs on the broker loop, or in a child process of its own."""
+
+    async def connect(self) -> None:
+        """Connect, declaring what is missing; ``BrokerDown`` when it cannot be reached."""
+
+    async def fetch(self, limit: int, wait: float) -> list[Parsed]:
+        """Up to ``limit`` messages, waiting at most ``wait`` seconds for the first."""
+
+    async def ack(self, tokens: Sequence[Any]) -> None:
+        """Acknowledge the messages of ``tokens`` (committed)."""
+
+    async def release(self, tokens: Sequence[Any]) -> None:
+        """Hand the messages of ``tokens`` back unacknowledged, for another delivery."""
+
+    async def close(self) -> None:
+        """Close the connection; never raises."""
+
+
 _TRANSPORTS = {"rabbitmq": ".rabbitmq", "nats": ".nats", "redis": ".redis"}
 
 
 def make_transport(config: BrokerConfig) -> Transport:
     """A new, unconnected transport for ``config`` (imports its client library)."""
+    from .config import import_client  # reads Django's settings: not for the consumer child
+
     import_client(config)  # ImproperlyConfigured naming the extra when it is missing
     module = importlib.import_module(_TRANSPORTS[config.transport], __package__)
     transport: Transport = module.Publisher(config)

@@ -1,0 +1,290 @@
+"""A NATS or Redis consumer whose client runs in a child process (``CONSUMER_PROCESS``),
+with the machine's real brokers and real processes.
+
+A child killed mid-stream is a broker outage: nothing it held was acknowledged, the
+broker delivers it again, and every message is recorded exactly once. A consumer
+process killed leaves no child behind (the child reads its stdin to the end), and a new
+consumer finishes the stream exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.test import override_settings
+
+from django_domain_events import receiver, registry
+from django_domain_events.contrib.brokers import config, envelope, subscribe
+from django_domain_events.contrib.brokers.consumer_process import CHILD
+from django_domain_events.contrib.brokers.consuming import run_consumer
+from django_domain_events.contrib.brokers.transport import Outgoing, make_transport, run
+from django_domain_events.ids import new_id
+from django_domain_events.inbox import forget
+from django_domain_events.models import EventRecord
+from tests.app.events import OrderPlaced
+from tests.brokers import broker_entry, remove, require
+from tests.conftest import needs_several_relays, start_child, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MESSAGES = 3_000
+
+
+@pytest.fixture(params=["nats", "redis"])
+def kind(request) -> Iterator[str]:
+    """NATS and Redis, consumed from a child process (the default)."""
+    url = require(request.param)
+    settings = {"BROKERS": {"default": broker_entry(url, None)}}
+    with override_settings(DJANGO_DOMAIN_EVENTS=settings):
+        yield request.param
+
+
+@pytest.fixture
+def source(kind) -> Iterator[str]:
+    name = f"dde-test-{uuid.uuid4().hex[:10]}"
+    yield name
+    for suffix in ("-in", "-b"):
+        forget(f"{name}{suffix}")
+    remove(kind, require(kind), name)
+
+
+def children_of(pid: int) -> list[int]:
+    """The consumer children running with ``pid`` as their parent (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # ended meanwhile
+            continue
+        state, parent = stat.rsplit(")", 1)[1].split()[:2]
+        if int(parent) == pid and CHILD in command and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def send(to: str, count: int) -> None:
+    """``count`` OrderPlaced messages in the wire format, ids ``m0``... in order."""
+    placed = registry.event_for_class(OrderPlaced)
+    assert placed is not None
+    transport = make_transport(config.broker("default"))
+    run(transport.connect(), 30)
+    try:
+        for start in range(0, count, 500):
+            batch = [
+                Outgoing(
+                    to,
+                    envelope.build(
+                        id=f"m{n}",
+                        source="shop",
+                        type=placed.name,
+                        data=json.dumps({"order_id": n}).encode(),
+                        payloadversion="1",
+                    ),
+                )
+                for n in range(start, min(start + 500, count))
+            ]
+            assert run(transport.publish(batch), 60) == [None] * len(batch)
+    finally:
+        run(transport.close(), 10)
+
+
+def recorded_once(subscription: str, count: int) -> None:
+    ids = Counter(
+        EventRecord.objects.filter(received__subscription=subscription).values_list(
+            "received__id", flat=True
+        )
+    )
+    assert len(ids) == count, f"{count - len(ids)} messages never recorded"
+    assert ids.most_common(1)[0][1] == 1, f"recorded twice: {ids.most_common(3)}"
+
+
+def test_a_child_killed_mid_stream_loses_nothing_and_records_each_message_once(
+    kind, source
+) -> None:
+    receiver(OrderPlaced, key="t.child_killed")(lambda evt: None)
+    subscribe(source, name=f"{source}-in", ack_wait_seconds=2)
+    run_consumer(once=True, wait=0.5)  # declares the durable consumer or group
+    send(source, MESSAGES)
+    stop, done, killed = threading.Event(), Counter[str](), []
+
+    def on_batch(_: object, counts: Counter[str]) -> None:
+        done.update(counts)
+        if not killed and done["recorded"] >= 500:
+            (child,) = children_of(os.getpid())
+            os.kill(child, signal.SIGKILL)
+            killed.append(child)
+        if done["recorded"] >= MESSAGES:
+            stop.set()
+
+    give_up = threading.Timer(120, stop.set)
+    give_up.start()
+    try:
+        run_consumer(stop=stop, wait=0.5, on_batch=on_batch)
+    finally:
+        give_up.cancel()
+    assert killed and not running(killed[0])
+    assert done["recorded"] == MESSAGES, done
+    recorded_once(f"{source}-in", MESSAGES)
+    assert children_of(os.getpid()) == []  # the consumer's stop ended its child
+
+
+@needs_several_relays
+def test_a_consumer_process_killed_leaves_no_child_and_the_next_finishes_the_stream(
+    kind, source, tmp_path
+) -> None:
+    url = require(kind)
+    counts_file = tmp_path / "counts.jsonl"
+    env = {
+        "DDE_SETTINGS_JSON": json.dumps({"BROKERS": {"default": {"URL": url}}}),
+        "DDE_COUNTS_FILE": str(counts_file),
+    }
+
+    def recorded() -> int:
+        if not counts_file.exists():
+            return 0
+        lines = counts_file.read_text().splitlines()
+        return sum(json.loads(line).get("recorded", 0) for line in lines)
+
+    first = start_child("services", "consume", source, env=env)
+    try:
+        wait_for(lambda: len(children_of(first.pid)) == 1, 60, "the consumer's child")
+        (child,) = children_of(first.pid)
+        send(source, MESSAGES)
+        wait_for(lambda: recorded() >= 300, 60, "the first batches recorded")
+    finally:
+        first.kill()
+        first.wait(10)
+    wait_for(lambda: not running(child), 10, f"the orphaned child {child} to exit")
+    second = start_child("services", "consume", source, env=env)
+    try:
+        wait_for(lambda: recorded() >= MESSAGES, 120, "the rest of the stream recorded")
+        time.sleep(1)  # nothing more should come (a duplicate is counted, not recorded)
+        assert recorded() == MESSAGES
+        recorded_once(f"{source}-b", MESSAGES)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        try:
+            second.wait(30)
+        except Exception:
+            second.kill()
+            second.wait(10)
+    assert children_of(second.pid) == []
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            {"URL": "nats://h", "CONSUMER_PROCESS": "yes"},
+            "['CONSUMER_PROCESS'] must be True or False, not 'yes'",
+        ),
+        (
+            {"URL": "redis://h", "CONSUMER_PROCESS": 1},
+            "['CONSUMER_PROCESS'] must be True or False, not 1",
+        ),
+        (
+            {"URL": "amqp://h/", "CONSUMER_PROCESS": True},
+            "= True: CONSUMER_PROCESS is an option of nats and redis brokers only",
+        ),
+    ],
+)
+def test_consumer_process_is_a_bool_of_nats_and_redis_brokers(entry, message) -> None:
+    found = config.problems({"b": entry}, installed=False)
+    assert len(found) == 1 and message in found[0], found
+    assert "['BROKERS']['b']" in found[0]
+
+
+def test_manage_py_check_names_a_bad_consumer_process_and_the_fix() -> None:
+    from django.core import checks
+
+    entries = {"js": {"URL": "nats://127.0.0.1:1", "CONSUMER_PROCESS": "no"}}
+    with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": entries}):
+        found = [m for m in checks.run_checks() if m.id == "django_domain_events.E020"]
+    assert [m.msg for m in found] == [
+        "DJANGO_DOMAIN_EVENTS['BROKERS']['js']['CONSUMER_PROCESS'] must be True or False, "
+        "not 'no'; e.g. {'CONSUMER_PROCESS': False} to run the consumer's client in its own "
+        "thread."
+    ]
+
+
+def test_consumer_process_defaults_to_a_child_for_nats_and_redis() -> None:
+    entries = {
+        "js": {"URL": "nats://h"},
+        "streams": {"URL": "redis://h", "CONSUMER_PROCESS": False},
+        "queues": {"URL": "amqp://h/"},
+    }
+    assert config.problems(entries, installed=False) == []
+    with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": entries}):
+        configs = config.brokers()
+    assert configs["js"].consumer_process is True
+    assert configs["streams"].consumer_process is False
+    assert configs["queues"].consumer_process is False
+
+
+def test_new_ids_read_as_uuid4_hex() -> None:
+    drawn = {new_id() for _ in range(1_000)}
+    assert len(drawn) == 1_000
+    for value in drawn:
+        parsed = uuid.UUID(hex=value)
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and parsed.hex == value
+
+
+def test_a_broker_the_child_cannot_reach_is_an_outage_and_leaves_no_child(caplog) -> None:
+    from django_domain_events.contrib.brokers.consuming import ConsumerHalted
+
+    name = f"dde-test-{uuid.uuid4().hex[:10]}"
+    entries = {
+        "default": {
+            "URL": "nats://127.0.0.1:17401",
+            "CONNECT_TIMEOUT_SECONDS": 0.5,
+            "CONFIRM_TIMEOUT_SECONDS": 0.5,
+        }
+    }
+    with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": entries}):
+        subscribe(name, name=f"{name}-in")
+        try:
+            with pytest.raises(ConsumerHalted, match="failed 5 times in a row"):
+                run_consumer(once=True, wait=0.2)
+        finally:
+            forget(f"{name}-in")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings and all(
+        "127.0.0.1:17401" in w and "not connected within 1s" in w for w in warnings
+    )
+    assert children_of(os.getpid()) == []
+
+
+def test_the_child_program_imports_no_django() -> None:
+    import subprocess
+    import sys
+
+    modules = ("consumer_child", "nats", "redis")
+    imports = "; ".join(f"import django_domain_events.contrib.brokers.{m}" for m in modules)
+    check = "import sys; print(sorted(m for m in sys.modules if m.split('.')[0] == 'django'))"
+    result = subprocess.run(
+        [sys.executable, "-c", f"{imports}; {check}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert result.stdout.strip() == "[]"
