@@ -288,3 +288,45 @@ def test_the_child_program_imports_no_django() -> None:
         cwd=Path(__file__).resolve().parent.parent,
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_child_still_connecting_exits_when_its_parent_is_gone() -> None:
+    """nats-py may never return from a refused connection: the child reads its stdin from
+    the start, so the end of it (the parent killed) ends the child even then."""
+    import subprocess
+    import sys
+
+    options = {
+        "CONFIRM_TIMEOUT_SECONDS": 60.0,
+        "CONNECT_TIMEOUT_SECONDS": 60.0,
+        "RETRY_CONNECT_SECONDS": 0.5,
+        "DUPLICATE_WINDOW_SECONDS": 120.0,
+    }
+    argument = {
+        "broker": {"name": "d", "url": "nats://127.0.0.1:17401", "transport": "nats"},
+        "subscription": {"name": "s", "source": "src", "batch_size": 10, "options": {}},
+        "worker_id": "w",
+    }
+    argument["broker"]["options"] = options
+    child = subprocess.Popen(
+        [sys.executable, "-m", CHILD, json.dumps(argument)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    try:
+        time.sleep(1)  # connecting, never answered
+        assert child.poll() is None
+        child.send_signal(signal.SIGTERM)  # ignored: the parent decides
+        time.sleep(0.3)
+        assert child.poll() is None
+        assert child.stdin is not None
+        child.stdin.close()
+        assert child.wait(5) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(5)
+        if child.stdout is not None:
+            child.stdout.close()
