@@ -16,6 +16,9 @@ BATCH = 256
 _CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
 _SET = (4 << 76) | (0x8000 << 48)
 _ids: list[str] = []
+# A forked child (a prefork server's worker, a Celery worker) starts with its own draw:
+# it would otherwise hand out the very ids its parent still holds.
+os.register_at_fork(after_in_child=_ids.clear)
 
 
 def new_id() -> str:

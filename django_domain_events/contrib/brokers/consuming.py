@@ -86,15 +86,14 @@ def make_consumer(config: BrokerConfig, subscription: Subscription, worker_id: s
     for NATS and Redis, their fetcher in a child process (``CONSUMER_PROCESS``, the
     default) or on this process's broker loop."""
     import_client(config)
-    if config.transport == "rabbitmq":
-        module = importlib.import_module(_MODULES[config.transport], __package__)
-        consumer: Consumer = module.Consumer(config, subscription, worker_id)
-        return consumer
-    if config.consumer_process:
+    if config.consumer_process:  # NATS and Redis only: config refuses it on RabbitMQ
         child = importlib.import_module(".consumer_process", __package__)
-        consumer = child.ProcessConsumer(config, subscription, worker_id)
+        consumer: Consumer = child.ProcessConsumer(config, subscription, worker_id)
         return consumer
     module = importlib.import_module(_MODULES[config.transport], __package__)
+    if config.transport == "rabbitmq":  # builds its Messages itself
+        consumer = module.Consumer(config, subscription, worker_id)
+        return consumer
     return InThread(module.Consumer(config, subscription, worker_id))
 
 
