@@ -54,17 +54,25 @@ def child_env() -> dict[str, str]:
 
 
 def start_child(
-    script: str, *args: str, env: dict[str, str] | None = None
+    script: str, *args: str, env: dict[str, str] | None = None, output: Path | None = None
 ) -> subprocess.Popen[str]:
-    """Start ``tests/procs/<script>.py`` against the test database (``env`` added)."""
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "procs" / f"{script}.py"), *args],
-        env={**child_env(), **(env or {})},
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    """Start ``tests/procs/<script>.py`` against the test database (``env`` added).
+
+    Its output goes to pipes for ``communicate()``, or to the file ``output`` for a child
+    that runs long and may log much: nobody reads a pipe meanwhile, and a full one blocks."""
+    sink: Any = subprocess.PIPE if output is None else output.open("a")
+    try:
+        return subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "procs" / f"{script}.py"), *args],
+            env={**child_env(), **(env or {})},
+            cwd=ROOT,
+            stdout=sink,
+            stderr=subprocess.STDOUT if output is not None else subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        if output is not None:
+            sink.close()
 
 
 def start_together(
