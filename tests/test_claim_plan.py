@@ -18,6 +18,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from django_domain_events import fire, priority, receiver
+from django_domain_events.delivery import limits
 from django_domain_events.delivery.claim import claim_batch
 from django_domain_events.models import DeliveryRecord
 from tests.app.events import OrderPlaced
@@ -47,10 +48,11 @@ CROSS JOIN LATERAL (SELECT (%(credits)s::bigint[])[1 + g %% 5] AS credit) AS c
 """
 
 
-def seed(**mail_limits: Any) -> None:
-    """The backlog; ``mail_limits``: the limits ``plan.mail`` declares."""
+def seed(one_lane: str | None = None, **mail_limits: Any) -> None:
+    """The backlog; ``mail_limits``: the limits ``plan.mail`` declares; ``one_lane``:
+    every receiver in that lane (else ``plan.slow`` in "slow", the others "default")."""
     for key in KEYS:
-        lane = "slow" if key == "plan.slow" else "default"
+        lane = one_lane or ("slow" if key == "plan.slow" else "default")
         options = mail_limits if key == "plan.mail" else {}
         receiver(OrderPlaced, key=key, lane=lane, **options)(lambda evt: None)
     with transaction.atomic():
@@ -156,3 +158,39 @@ def test_a_lane_with_a_limited_receiver_reads_the_receivers_rank_index() -> None
     # row in rank order, filtered: the planner's choice, neither sorts nor reads the table.
     assert_reads_the_index(limited, "dde_delivery_key_rank", "dde_delivery_claim_rank")
     assert_reads_the_index(rest, "dde_delivery_claim_rank")
+
+
+def test_the_rest_of_a_lane_reads_each_receivers_index_past_a_limited_backlog() -> None:
+    # Not the lane's rank order, which would step over every waiting row of the limited
+    # receiver ahead of the others' (a quarter of the 50,000 here): each other receiver's
+    # own rows in rank order, merged.
+    seed(one_lane="bulk", rate_limit="10/s")
+    now = timezone.now()
+    limited, rest = claim_plans(
+        lambda: claim_batch(worker_id="w", now=now, lease=60, limit=32, lane="bulk")
+    )
+    assert_reads_the_index(limited, "dde_delivery_key_rank", "dde_delivery_claim_rank")
+    table = DeliveryRecord._meta.db_table
+    scans = [n for n in nodes(picked(rest)) if n.get("Relation Name") == table]
+    assert scans and {(n["Node Type"], n["Index Name"]) for n in scans} == {
+        ("Index Scan", "dde_delivery_key_rank")
+    }, json.dumps(rest, indent=1)
+    seq = [n for n in nodes(rest) if n["Node Type"] == "Seq Scan"]
+    assert not [n for n in seq if n.get("Relation Name") == table]
+    # The claim above was rolled back: its tokens unspent, the limit's row not written.
+    limits._empty_until.clear()
+    limits._seen_at.clear()
+    with transaction.atomic():
+        claims = claim_batch(worker_id="w", now=now, lease=60, limit=32, lane="bulk")
+        transaction.set_rollback(True)
+    # The limited receiver's two tokens, then the others' oldest rows, in rank order.
+    assert [c.receiver_key for c in claims].count("plan.mail") == 2
+    ranks = DeliveryRecord.objects.filter(id__in=[c.id for c in claims[2:]])
+    assert len(claims) == 32 and "plan.mail" not in {r.receiver_key for r in ranks}
+    oldest = (
+        DeliveryRecord.objects.filter(status="pending", available_at__lte=now)
+        .exclude(receiver_key="plan.mail")
+        .order_by("claim_rank", "id")
+        .values_list("id", flat=True)[:30]
+    )
+    assert [c.id for c in claims[2:]] == list(oldest)

@@ -44,6 +44,22 @@ def test_a_rate_limit_leaves_rows_past_it_owed_and_the_rest_of_the_lane_runs() -
     assert keys(now + timedelta(seconds=0.5), worker="w3") == ["t.sms"]  # the next token
 
 
+def test_a_busy_rate_is_granted_in_handfuls_not_a_row_per_token() -> None:
+    # 50/s: the bucket holds 10 tokens (a fifth of a second), and is granted only once it
+    # has gathered 5 again, so four busy relays do not each lock it for every new token.
+    receiver(Pinged, key="t.sms", rate_limit="50/s")(lambda evt: None)
+    fire_each(*(Pinged(n=n) for n in range(30)))
+    now = timezone.now() + timedelta(seconds=1)
+    assert keys(now) == ["t.sms"] * 10  # the full bucket
+    limits._empty_until.clear()  # another relay, which has not seen the bucket spent
+    assert keys(now + timedelta(seconds=0.04), worker="w2") == []  # 2 tokens: not yet
+    wait = limits.seconds_to_token()
+    assert wait is not None and 0.04 < wait <= 0.06  # until it holds 5
+    limits._empty_until.clear()
+    assert keys(now + timedelta(seconds=0.1), worker="w3") == ["t.sms"] * 5
+    assert DeliveryRecord.objects.filter(status=DeliveryStatus.CLAIMED).count() == 15
+
+
 def test_a_concurrency_limit_counts_the_rows_under_a_live_lease() -> None:
     receiver(Pinged, key="t.crm", concurrency_limit=2)(lambda evt: None)
     fire_each(*(Pinged(n=n) for n in range(5)))

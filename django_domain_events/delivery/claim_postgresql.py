@@ -4,6 +4,7 @@ LOCKED``, in rank order), applies the lapse rule (``lapse.py``) and the order pe
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from django.db import connections
@@ -27,14 +28,7 @@ def _pg_is_task(expr: str) -> str:
 # ``kept`` keeps the rows the claim takes, ``unstarted`` finds the rows of a batch run in
 # order after the one charged, whose own leases lapsed too, to hand back.
 _POSTGRESQL_CLAIM = """
-WITH picked AS (
-    SELECT id, claim_rank AS was_rank, status AS was_status, claimed_by AS was_by,
-           claimed_at AS was_at, claim_position AS was_position, receiver_key
-    FROM {delivery}
-    WHERE status IN {owed} AND {due} {filters}
-    ORDER BY claim_rank, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+WITH picked AS ({picked}
 ), judged AS (
     SELECT p.*, row_number() OVER (ORDER BY p.was_rank, p.id) AS position,
            {running} AS charged, {is_task} AS is_task
@@ -94,8 +88,45 @@ ORDER BY c.was_rank, c.id
 """
 
 
+# The owed rows a claim takes, in rank order, read from the rank index.
+_PICKED = """
+    SELECT id, claim_rank AS was_rank, status AS was_status, claimed_by AS was_by,
+           claimed_at AS was_at, claim_position AS was_position, receiver_key
+    FROM {delivery}
+    WHERE status IN {owed} AND {due} {filters}
+    ORDER BY {order}
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED"""
+
+# The same rows taken from each receiver's own rank index, then merged: the rest of a
+# lane whose limited receivers are claimed apart (``skip``), so the claim never steps
+# over their waiting rows in the lane's rank order (2,000 ahead cost a claim 0.25 ms).
+# Each receiver locks up to the batch, the merge keeps the batch: for a few receivers
+# only (PER_KEY_MOST), since the rows locked and not kept grow with their number.
+_PICKED_PER_KEY = """
+    SELECT x.* FROM unnest(%(keys)s::text[]) AS k(key)
+    CROSS JOIN LATERAL ({picked}
+    ) AS x
+    ORDER BY x.was_rank, x.id
+    LIMIT %(limit)s"""
+PER_KEY_MOST = 4
+
+
 def claim_postgresql(alias: str, args: ClaimArgs) -> list[Claim]:
     filters = []
+    picked, order = _PICKED, "claim_rank, id"
+    if args.skip and args.only is not None and args.orphans is None:
+        rest = tuple(key for key in args.only if key not in args.skip)
+        if len(rest) <= PER_KEY_MOST:  # each receiver's own index, not the lane's filtered
+            args = replace(args, only=rest, skip=())
+            if len(rest) > 1:
+                picked = _PICKED_PER_KEY.format(picked=_PICKED)
+                order = "receiver_key, claim_rank, id"
+                # A range, not "=": the planner would drop a key equal to a parameter
+                # from the order and read the lane's rank index, filtering (it cannot
+                # see that the limited rows lie ahead of the others'); the range keeps
+                # the order only the receiver's own index gives.
+                filters.append("AND receiver_key >= k.key AND receiver_key <= k.key")
     params: dict[str, Any] = {
         "now": args.now,
         "limit": args.limit,
@@ -110,7 +141,9 @@ def claim_postgresql(alias: str, args: ClaimArgs) -> list[Claim]:
         "window": priority.window(args.now),
         "first": args.first,
     }
-    if args.only is not None and len(args.only) == 1 and args.orphans is None:
+    if picked is not _PICKED:
+        params["keys"] = list(args.only or ())
+    elif args.only is not None and len(args.only) == 1 and args.orphans is None:
         filters.append("AND receiver_key = %(one)s")  # one receiver: its own index
         params["one"] = args.only[0]
     elif args.only is not None and args.orphans is None:
@@ -137,11 +170,24 @@ def claim_postgresql(alias: str, args: ClaimArgs) -> list[Claim]:
     if ordering.in_use():
         filters.append("AND " + ordering.head_sql(delivery, delivery))
         params["blocking"] = list(ordering.blocking_keys())
+    due = (
+        "(available_at <= %(now)s OR (status = {failed} AND due_at <= %(now)s))".format(
+            **STATUS_SQL
+        )
+        if args.ignore_backoff
+        else "available_at <= %(now)s AND claim_rank <= %(window)s"
+    )
     old_claim = ("p.was_status", "p.was_position", "p.was_by", "p.was_at", "p.receiver_key")
     sql = _POSTGRESQL_CLAIM.format(
+        picked=picked.format(
+            delivery=delivery,
+            owed=STATUS_SQL["owed"],
+            due=due,
+            filters=" ".join(filters),
+            order=order,
+        ),
         delivery=delivery,
         event=connection.ops.quote_name(table(EventRecord)),
-        filters=" ".join(filters),
         running=running_sql(
             dict(zip(ROW_COLUMNS, old_claim, strict=True)), delivery=delivery, is_task=_pg_is_task
         ),
@@ -151,11 +197,6 @@ def claim_postgresql(alias: str, args: ClaimArgs) -> list[Claim]:
         micros_expires=_micros("c.expires_at"),
         micros_occurred=_micros("e.occurred_at"),
         **STATUS_SQL,
-        due="(available_at <= %(now)s OR (status = {failed} AND due_at <= %(now)s))".format(
-            **STATUS_SQL
-        )
-        if args.ignore_backoff
-        else "available_at <= %(now)s AND claim_rank <= %(window)s",
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

@@ -18,7 +18,9 @@ taking its rows, and this one claims the rest of the lane at once.
 
 - **Rate**: a token bucket per limit, refilled at the rate from ``refilled_at``, holding
   at most a fifth of a second's worth (at least one), so no window sees more than the
-  rate plus that burst.
+  rate plus that burst; granted only once it holds ``Limit.gather`` tokens (half the
+  burst), so busy relays take a rate a handful of rows per transaction, not a row per
+  token each.
 - **Concurrency**: the rows of the limit's receivers under a live lease (claimed, lease
   not past), counted at each claim. Nothing is held apart from the rows: a relay killed
   with rows running frees them when their lease lapses.
@@ -27,13 +29,13 @@ taking its rows, and this one claims the rest of the lane at once.
   group (``paused_by``). A lane is not paused: its receivers share a budget, not a
   downstream service.
 
-A relay whose claim found a rate empty sleeps until the next token (``seconds_to_token``)
-rather than its poll interval, and its claims leave that limit alone until the bucket
-holds ``Limit.gather`` tokens again (``worth_asking``): they neither lock it nor wait for
-it, and a busy rate costs a transaction per few rows, not per row. A limited receiver a
-claim found nothing due of is not asked for ``IDLE_SECONDS`` while the relay keeps
-finding work (``note_idle``, ``forget_idle``), so an idle limit does not cost its lane a
-locked transaction at every claim.
+A relay whose claim found a rate empty sleeps until it can be granted again
+(``seconds_to_token``) rather than its poll interval, and its claims leave that limit
+alone until the bucket holds ``Limit.gather`` tokens again (``worth_asking``): they
+neither lock it nor wait for it, and a busy rate costs a transaction per few rows, not
+per row. A limited receiver a claim found nothing due of is not asked for
+``IDLE_SECONDS`` while the relay keeps finding work (``note_idle``, ``forget_idle``), so
+an idle limit does not cost its lane a locked transaction at every claim.
 """
 
 from __future__ import annotations
@@ -77,9 +79,9 @@ class Limit:
 
     @property
     def gather(self) -> float:
-        """The tokens worth a claim's lock once this process saw the bucket spent: half
-        the burst (at least one), so a busy rate is taken a few rows per transaction
-        rather than one, and the bucket never fills up unasked."""
+        """The tokens a bucket must hold to be granted at all: half the burst (at least
+        one), so a busy rate is taken a few rows per transaction rather than one, and the
+        bucket never fills up unasked."""
         return max(1.0, self.burst / 2)
 
 
@@ -297,9 +299,9 @@ def _grant(limit: Limit, row: LimitRecord, running: int, now: datetime) -> tuple
     if limit.rate is not None:
         elapsed = max(0.0, (now - row.refilled_at).total_seconds())
         tokens = min(limit.burst, row.tokens + elapsed * limit.rate)
-        rows = math.floor(tokens)
+        rows = math.floor(tokens) if tokens >= limit.gather else 0
         if rows < 1:
-            wait = (1 - tokens) / limit.rate
+            wait = (limit.gather - tokens) / limit.rate
     if limit.concurrency is not None:
         rows = min(rows, max(0, limit.concurrency - running))
     return Grant(limit, int(min(rows, 1_000_000)), tokens, refilled_at), wait
@@ -353,6 +355,7 @@ def pause(alias: str, key: str, until: datetime, now: datetime) -> None:
 
 
 def seconds_to_token() -> float | None:
-    """Seconds until the rate this process last found empty has a token (None: no wait)."""
+    """Seconds until the rate this process last found empty can be granted again (None:
+    no wait)."""
     left = _next_token - time.monotonic()
     return left if 0 < left < math.inf else None
