@@ -114,19 +114,20 @@ PER_KEY_MOST = 4
 
 def claim_postgresql(alias: str, args: ClaimArgs) -> list[Claim]:
     filters = []
-    picked, order = _PICKED, "claim_rank, id"
+    picked, order, per_key = _PICKED, "claim_rank, id", False
     if args.skip and args.only is not None and args.orphans is None:
         rest = tuple(key for key in args.only if key not in args.skip)
         if len(rest) <= PER_KEY_MOST:  # each receiver's own index, not the lane's filtered
             args = replace(args, only=rest, skip=())
-            if len(rest) > 1:
-                picked = _PICKED_PER_KEY.format(picked=_PICKED)
-                order = "receiver_key, claim_rank, id"
-                # A range, not "=": the planner would drop a key equal to a parameter
-                # from the order and read the lane's rank index, filtering (it cannot
-                # see that the limited rows lie ahead of the others'); the range keeps
-                # the order only the receiver's own index gives.
-                filters.append("AND receiver_key >= k.key AND receiver_key <= k.key")
+            per_key = len(rest) > 1
+    if per_key:
+        picked = _PICKED_PER_KEY.format(picked=_PICKED)
+        order = "receiver_key, claim_rank, id"
+        # A range, not "=": the planner would drop a key equal to a parameter from the
+        # order and read the lane's rank index, filtering (it cannot see that the limited
+        # rows lie ahead of the others'); the range keeps the order only the receiver's
+        # own index gives.
+        filters.append("AND receiver_key >= k.key AND receiver_key <= k.key")
     params: dict[str, Any] = {
         "now": args.now,
         "limit": args.limit,
@@ -141,7 +142,7 @@ def claim_postgresql(alias: str, args: ClaimArgs) -> list[Claim]:
         "window": priority.window(args.now),
         "first": args.first,
     }
-    if picked is not _PICKED:
+    if per_key:
         params["keys"] = list(args.only or ())
     elif args.only is not None and len(args.only) == 1 and args.orphans is None:
         filters.append("AND receiver_key = %(one)s")  # one receiver: its own index
