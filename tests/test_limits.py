@@ -15,6 +15,7 @@ from django_domain_events.delivery import limits
 from django_domain_events.delivery.claim import claim_batch
 from django_domain_events.models import DeliveryRecord, DeliveryStatus, LimitRecord
 from tests.app.events import OrderPlaced, Pinged
+from tests.conftest import needs_postgresql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -196,3 +197,39 @@ def test_a_limit_row_deleted_meanwhile_is_written_anew(monkeypatch: pytest.Monke
     monkeypatch.setattr(limits, "SEEN_SECONDS", 0.0)  # as once SEEN_SECONDS have passed
     assert keys(now + timedelta(seconds=1), limit=1, worker="w2") == ["t.sms"]
     assert LimitRecord.objects.filter(key="t.sms").count() == 1
+
+
+@needs_postgresql
+def test_two_relays_claiming_the_rest_of_a_limited_lane_at_once_take_disjoint_rows() -> None:
+    # Each other receiver's rows are read apart and merged (PostgreSQL): a claim holding
+    # its rows locked, in a transaction not yet committed, must neither block a second
+    # relay's claim nor hand it the same rows.
+    for key, event in (("t.a", OrderPlaced), ("t.b", Pinged)):
+        receiver(event, key=key, lane="bulk")(lambda evt: None)
+    receiver(Pinged, key="t.sms", lane="bulk", rate_limit="1/s")(lambda evt: None)
+    fire_each(*(OrderPlaced(order_id=n) for n in range(6)), *(Pinged(n=n) for n in range(6)))
+    now = timezone.now() + timedelta(seconds=1)
+    held, release, got = threading.Event(), threading.Event(), {}
+
+    def first() -> None:
+        with transaction.atomic():
+            got["first"] = claim_batch(worker_id="w1", now=now, lease=60, limit=4, lane="bulk")
+            held.set()
+            got["waited out"] = not release.wait(30)  # the second claim blocked on it
+        connection.close()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert held.wait(30)
+        second = claim_batch(worker_id="w2", now=now, lease=60, limit=4, lane="bulk")
+    finally:
+        release.set()
+        thread.join(30)
+    assert not got["waited out"]
+    first_ids = {c.id for c in got["first"]}
+    assert len(first_ids) == 4 and first_ids.isdisjoint(c.id for c in second)
+    # The first took the one token and 3 of the 12 others' rows; the second, with no
+    # token left, takes a full batch of the other 9.
+    assert [c.receiver_key for c in got["first"]].count("t.sms") == 1
+    assert len(second) == 4 and "t.sms" not in {c.receiver_key for c in second}
