@@ -169,8 +169,11 @@ fi
 # The second leg: Python 3.13 with the newest Django 6.x (.venv-dj6, built by
 # `make .venv-dj6`), on SQLite and PostgreSQL. No lint: django-stubs and mypy
 # follow Django 5.2 on the main leg. Its PostgreSQL test databases carry their own
-# suffix, so the two legs never share one. The heavy broker tests (10,000 events per
-# broker, tests/test_broker_processes.py) run on the main leg's PostgreSQL suite only.
+# suffix, so the two legs never share one. The process tests (relays, consumers and
+# brokers as processes of their own: tests/*_processes.py)
+# test this package's concurrency and faults, not Django's: they run on the main leg
+# only (DDE_PROCESS_TESTS=0 here, tests/conftest.py), but test_processes.py, which
+# checks the relay runs as a process on Django 6 at all.
 DJ6_PY=${DDE_DJ6_VENV:-.venv-dj6}/bin/python
 
 # dj6_suite NAME VAR=VALUE...: one pytest run on the Django 6 leg.
@@ -179,7 +182,7 @@ dj6_suite() {
     shift
     banner "pytest [$name]: $*"
     env "$@" DDE_SQLITE_PATH="$work/$name.sqlite3" \
-        DDE_TEST_DB_SUFFIX="${DDE_TEST_DB_SUFFIX:-}_dj6" DDE_HEAVY_BROKER_TESTS=0 \
+        DDE_TEST_DB_SUFFIX="${DDE_TEST_DB_SUFFIX:-}_dj6" DDE_PROCESS_TESTS=0 \
         "$DJ6_PY" -m pytest --junitxml="$work/$name.xml" \
         ${EXTRA[@]+"${EXTRA[@]}"}
     local rc=$?

@@ -21,6 +21,21 @@ from django_domain_events.recurrence import schedules
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``DDE_PROCESS_TESTS=0`` (the Django 6 leg of scripts/test.sh) skips the
+    ``*_processes.py`` files but ``test_processes.py``: they start relays, consumers and
+    brokers as processes to test this package's concurrency and faults, which the main
+    leg runs on every database; ``test_processes.py`` stays, the Django 6 leg's check
+    that the relay runs as a process at all."""
+    if os.environ.get("DDE_PROCESS_TESTS") != "0":
+        return
+    skip = pytest.mark.skip(reason="process tests run on the main leg (DDE_PROCESS_TESTS=0)")
+    for item in items:
+        name = item.path.name
+        if name.endswith("_processes.py") and name != "test_processes.py":
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def isolated_receivers() -> Iterator[None]:
     """Receivers a test declares are forgotten after it, so counts stay local, and so is

@@ -24,11 +24,7 @@ from tests.app.events import OrderPlaced
 from tests.broker_servers import SERVERS
 from tests.conftest import needs_postgresql, start_together, wait_for
 
-heavy = pytest.mark.skipif(
-    os.environ.get("DDE_HEAVY_BROKER_TESTS") == "0",
-    reason="the heavy broker tests run on the main leg's PostgreSQL suite only",
-)
-pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql, heavy]
+pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql]
 
 EVENTS = 10_000
 CHUNK = 500

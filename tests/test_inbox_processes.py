@@ -34,11 +34,7 @@ from django_domain_events.models import DeadMessage, DeliveryRecord, EventRecord
 from tests.app.models import Delivered
 from tests.conftest import ROOT, child_env, needs_postgresql, wait_for
 
-heavy = pytest.mark.skipif(
-    os.environ.get("DDE_HEAVY_BROKER_TESTS") == "0",
-    reason="the heavy broker tests run on the main leg's PostgreSQL suite only",
-)
-pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql, heavy]
+pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql]
 
 EVENTS = 10_000
 BASE = Path("/tmp/wt-inbox-brokers")
