@@ -203,3 +203,20 @@ def test_a_renewal_the_database_does_not_answer_times_out_and_is_retried(
             thread.join(60)
     row = DeliveryRecord.objects.get(receiver_key="t.waits")
     assert (row.status, row.attempts) == (DeliveryStatus.SUCCEEDED, 1)
+
+
+def test_a_relay_that_fails_as_it_starts_gives_back_the_callers_signal_handlers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever escapes a relay once it has taken SIGINT and SIGTERM, the caller's
+    handlers come back: a shell's Ctrl-C must go on raising KeyboardInterrupt."""
+    from django_domain_events.delivery import relay
+
+    def fails(*args: object) -> None:
+        raise RuntimeError("the start's log failed")
+
+    monkeypatch.setattr(relay, "_log_start", fails)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RuntimeError, match="start's log"):
+        run_relay(once=True, prune=None)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

@@ -167,11 +167,11 @@ def run_relay(
     )
     signals = _Signals(worker_id or relay_worker_id(), timeout)
     with _one_relay_on_sqlite(alias):
-        on_main_thread = signals.install()
         state = Pass(signals.worker_id, None, False, relay=True, stop=_stopping(signals, stop))
         opened = connections[alias].connection is None  # else it is the caller's: left open
-        _log_start(state.worker_id, lanes, slots, alias, on_main_thread)
-        try:
+        on_main_thread = signals.install()
+        try:  # from the install on: whatever escapes, the caller's handlers come back
+            _log_start(state.worker_id, lanes, slots, alias, on_main_thread)
             # Until the loop closes: a task a receiver left may run its query at the end.
             with refusing_detached(alias):
                 on_relay_loop(lambda loop: _Loop(plan, state, loop).run())
