@@ -17,9 +17,10 @@ the loop cancels what is left on it (a task a receiver left running) and closes,
 
 A task a receiver leaves running may go on with async I/O for the relay's life (a
 shared client's background task), but it must not use the ORM once its receiver has
-returned: asgiref would run the query inside a later delivery's transaction, or hold it
-until the relay stops. ``refusing_detached`` makes such a query fail loudly instead,
-naming the receiver (``ReceiverCall``, carried by the task's context).
+returned: asgiref runs the query on the relay's thread when that thread is next free
+for it, inside a later delivery's transaction or only as the relay stops.
+``refusing_detached`` makes such a query fail loudly when it comes to run, naming the
+receiver (``ReceiverCall``, carried by the task's context).
 """
 
 from __future__ import annotations
