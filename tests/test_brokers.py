@@ -199,8 +199,10 @@ def test_an_unreachable_broker_charges_nothing_logs_once_and_other_lanes_go_on(t
 
 
 @pytest.mark.parametrize("transport", brokers.TRANSPORTS)
-def test_deliver_one_to_an_unreachable_broker_hands_the_row_back_uncharged(transport):
-    """An eager attempt (``deliver_one``) meets the outage as a relay does: no attempt."""
+def test_deliver_one_to_an_unreachable_broker_hands_the_row_back_uncharged(transport, caplog):
+    """An eager attempt (``deliver_one``) meets the outage as a relay does: no attempt.
+    A broker that refuses the connection is down at once, not after the connect bound
+    (``CONNECT_TIMEOUT_SECONDS``), and the log says why."""
     setting = {"BROKERS": {"default": {"URL": UNREACHABLE[transport]}}}
     with override_settings(DJANGO_DOMAIN_EVENTS=setting):
         publish(Pinged, to="nowhere", max_attempts=1)
@@ -208,8 +210,15 @@ def test_deliver_one_to_an_unreachable_broker_hands_the_row_back_uncharged(trans
             event_id = fire(Pinged(n=1))
         row = DeliveryRecord.objects.get(event_id=event_id)
 
-        assert deliver_one(row.pk) is None
+        began = time.monotonic()
+        with caplog.at_level(logging.ERROR, logger="django_domain_events.brokers"):
+            assert deliver_one(row.pk) is None
+        took = time.monotonic() - began
         close_all()
+
+    assert took < 2.0, f"a refused connection took {took:.1f}s (CONNECT_TIMEOUT_SECONDS 2)"
+    (outage,) = [r.getMessage() for r in caplog.records if "unreachable" in r.getMessage()]
+    assert "refused" in outage.lower() or "111" in outage, outage
 
     row.refresh_from_db()
     assert (row.status, row.attempts, row.last_error) == ("pending", 0, "")

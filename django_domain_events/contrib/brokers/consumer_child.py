@@ -178,7 +178,8 @@ async def main(config: dict[str, Any], out: BinaryIO) -> None:
     # stdin is read from the start: a parent gone (or stopping it) while the connection
     # is still being made ends the child too.
     first = asyncio.create_task(read_frame(reader))
-    # Bounded here: nats-py may never return from a refused connection.
+    # Bounded here too: a server that takes the connection and never answers would
+    # otherwise hold it for as long as the client library allows.
     limit = broker.connect_timeout + broker.confirm_timeout
     connecting = asyncio.create_task(asyncio.wait_for(fetcher.connect(), limit))
     await asyncio.wait({first, connecting}, return_when=asyncio.FIRST_COMPLETED)

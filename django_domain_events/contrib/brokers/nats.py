@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,8 @@ from nats.js.errors import NotFoundError
 from . import envelope
 from .options import BrokerConfig, nats_stream_name
 from .transport import BrokerDown, Confirmations, Outgoing, Parsed, Refused
+
+logger = logging.getLogger("django_domain_events.brokers")
 
 _DOWN = (ConnectionClosedError, NoServersError, StaleConnectionError, OSError)
 
@@ -36,15 +39,29 @@ class Publisher:
         self.streams: set[str] = set()
 
     async def connect(self) -> None:
+        failures: list[Exception] = []  # nats-py reports each failed try here, not raised
+
+        async def failed(error: Exception) -> None:
+            if self.nc is None:  # connecting: the last try's reason goes in BrokerDown
+                failures[:] = [error]
+            else:  # connected: what nats-py would have logged itself
+                logger.warning("NATS %s: %s: %s", self.config.safe_url, type(error).__name__, error)
+
         try:
             self.nc = await nats.connect(
                 self.config.url,
                 connect_timeout=self.config.connect_timeout,
                 allow_reconnect=False,  # a broken connection is an outage; we reconnect
-                max_reconnect_attempts=0,
+                # Give up at once on a server that refuses: with max_reconnect_attempts=0
+                # nats-py tries it again for ever, every reconnect_time_wait, and the relay
+                # would wait out its whole connect bound at every probe of an outage.
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0,
+                error_cb=failed,
             )
         except (TimeoutError, *_DOWN, NatsTimeoutError) as error:
-            raise BrokerDown(f"{type(error).__name__}: {error}") from error
+            why = failures[0] if failures else error
+            raise BrokerDown(f"{type(why).__name__}: {why}") from error
         self.js = self.nc.jetstream(timeout=self.config.confirm_timeout)
         self.streams = set()
 
