@@ -47,7 +47,7 @@ def test_an_invalid_setting_is_refused_by_name(raw: object, message: str) -> Non
     with override_settings(DJANGO_DOMAIN_EVENTS=raw):
         with pytest.raises(ImproperlyConfigured, match=message):
             conf.get()
-        errors = [e for e in run_checks() if e.id == "django_domain_events.E001"]
+        errors = [e for e in run_checks(databases=[]) if e.id == "django_domain_events.E001"]
         assert any(re.search(message, error.msg) for error in errors)
 
 
@@ -65,13 +65,13 @@ def test_fire_with_an_invalid_setting_changes_nothing() -> None:
 def test_psycopg2_with_notify_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     from django.db.backends.postgresql import psycopg_any
 
-    assert not [e for e in run_checks() if e.id == "django_domain_events.W001"]
+    assert not [e for e in run_checks(databases=[]) if e.id == "django_domain_events.W001"]
     monkeypatch.setattr(psycopg_any, "is_psycopg3", False)
-    warnings = [e for e in run_checks() if e.id == "django_domain_events.W001"]
+    warnings = [e for e in run_checks(databases=[]) if e.id == "django_domain_events.W001"]
     assert warnings and "POLL_SECONDS" in warnings[0].msg
     assert "pip install 'django-domain-outbox[postgres]'" in warnings[0].hint
     with override_settings(DJANGO_DOMAIN_EVENTS={"WAKE": "poll"}):
-        assert not [e for e in run_checks() if e.id == "django_domain_events.W001"]
+        assert not [e for e in run_checks(databases=[]) if e.id == "django_domain_events.W001"]
 
 
 def test_a_misspelt_settings_name_is_reported() -> None:
@@ -80,7 +80,7 @@ def test_a_misspelt_settings_name_is_reported() -> None:
     with override_settings(DJANGO_DOMAIN_EVENT={"BATCH_SIZE": 5}):
         del settings.DJANGO_DOMAIN_EVENTS
         try:
-            errors = [e for e in run_checks() if e.id == "django_domain_events.E002"]
+            errors = [e for e in run_checks(databases=[]) if e.id == "django_domain_events.E002"]
         finally:
             settings.DJANGO_DOMAIN_EVENTS = {"WARN_OUTSIDE_ATOMIC": True}
     assert errors and "DJANGO_DOMAIN_EVENT looks like a misspelling" in errors[0].msg
@@ -97,10 +97,10 @@ def test_a_codec_that_cannot_rebuild_an_event_is_reported() -> None:
         data: dict  # type: ignore[type-arg]
 
     try:
-        errors = [e for e in run_checks() if e.id == "django_domain_events.E005"]
+        errors = [e for e in run_checks(databases=[]) if e.id == "django_domain_events.E005"]
         assert errors and "t.Unsupported" in errors[0].msg and "data" in errors[0].msg
         with override_settings(DJANGO_DOMAIN_EVENTS={"CODEC": "no.such.Codec"}):
-            assert [e for e in run_checks() if e.id == "django_domain_events.E004"]
+            assert [e for e in run_checks(databases=[]) if e.id == "django_domain_events.E004"]
     finally:
         registry._events_by_name.pop("t.Unsupported")
         registry._events_by_class.pop(Unsupported)
@@ -119,7 +119,7 @@ def test_a_receiver_of_an_undeclared_class_is_reported() -> None:
     receiver(Temporary, key="t.orphan_receiver")(lambda evt: None)
     registry._events_by_name.pop("t.Temporary")
     registry._events_by_class.pop(Temporary)
-    errors = [e for e in run_checks() if e.id == "django_domain_events.E003"]
+    errors = [e for e in run_checks(databases=[]) if e.id == "django_domain_events.E003"]
     assert errors and "t.orphan_receiver" in errors[0].msg
 
 
