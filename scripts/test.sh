@@ -170,10 +170,10 @@ fi
 # `make .venv-dj6`), on SQLite and PostgreSQL. No lint: django-stubs and mypy
 # follow Django 5.2 on the main leg. Its PostgreSQL test databases carry their own
 # suffix, so the two legs never share one. The process tests (relays, consumers and
-# brokers as processes of their own: tests/*_processes.py)
-# test this package's concurrency and faults, not Django's: they run on the main leg
-# only (DDE_PROCESS_TESTS=0 here, tests/conftest.py), but test_processes.py, which
-# checks the relay runs as a process on Django 6 at all.
+# brokers as processes of their own: tests/*_processes.py) test this package's
+# concurrency and faults, not Django's: they run on the main leg only
+# (DDE_PROCESS_TESTS=0 here, tests/conftest.py), but test_processes.py, which checks
+# the relay runs as a process on Django 6 at all.
 DJ6_PY=${DDE_DJ6_VENV:-.venv-dj6}/bin/python
 
 # dj6_suite NAME VAR=VALUE...: one pytest run on the Django 6 leg.

@@ -39,11 +39,12 @@ class Publisher:
         self.streams: set[str] = set()
 
     async def connect(self) -> None:
-        failures: list[Exception] = []  # nats-py reports each failed try here, not raised
+        failure: Exception | None = None  # nats-py reports each failed try here, not raised
 
         async def failed(error: Exception) -> None:
+            nonlocal failure
             if self.nc is None:  # connecting: the last try's reason goes in BrokerDown
-                failures[:] = [error]
+                failure = error
             else:  # connected: what nats-py would have logged itself
                 logger.warning("NATS %s: %s: %s", self.config.safe_url, type(error).__name__, error)
 
@@ -60,7 +61,7 @@ class Publisher:
                 error_cb=failed,
             )
         except (TimeoutError, *_DOWN, NatsTimeoutError) as error:
-            why = failures[0] if failures else error
+            why = failure or error
             raise BrokerDown(f"{type(why).__name__}: {why}") from error
         self.js = self.nc.jetstream(timeout=self.config.confirm_timeout)
         self.streams = set()
