@@ -2,8 +2,9 @@
 client loop publishing the same messages with confirms, batched the same way.
 
 Ours: ``deliver_pending(batch_size=B)`` over N owed rows of ``publish(Tick, to=...)``,
-the relay's own path (claim a batch, build the CloudEvents, send them with every confirm
-outstanding, await them, acknowledge the batch in one ``UPDATE``). Raw: the same
+the relay's own path (claim a batch by row lock, build the CloudEvents, send them with
+every confirm outstanding, await them, acknowledge the batch in one ``UPDATE``), and on
+one broker the same with the usual claim, which stamps every row claimed first. Raw: the same
 envelopes, built beforehand, sent by the same client library in batches of B, each
 batch's confirms awaited before the next: no database at all. Brokers are the machine's
 (``DDE_AMQP_URL``, ``DDE_NATS_URL``, ``DDE_REDIS_URL``); a broker that is not reachable
@@ -18,11 +19,12 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 
 from bench.events import Tick
@@ -49,8 +51,20 @@ def reachable(transport: str) -> bool:
         return False
 
 
-def ours(transport: str, events: int, batch: int) -> float:
-    """Published rows/s of ``deliver_pending`` over ``events`` owed publish rows."""
+@dataclass(frozen=True)
+class Published:
+    """One relay's run: published rows/s, and PostgreSQL's write-ahead log per row (what
+    the database wrote for it: its row versions and index entries)."""
+
+    rate: float
+    wal_per_row: float | None
+
+
+def ours(transport: str, events: int, batch: int, *, by_lock: bool = True) -> Published:
+    """Published rows/s of ``deliver_pending`` over ``events`` owed publish rows;
+    ``by_lock=False`` claims them the usual way (``delivery/locked.py`` off)."""
+    from django_domain_events.delivery import passes
+
     reset_tables()
     to = f"dde-bench-{uuid.uuid4().hex[:10]}"
     key = f"brokers:default:{to}:{registry.event_for_class(Tick).name}"  # type: ignore[union-attr]
@@ -64,18 +78,53 @@ def ours(transport: str, events: int, batch: int) -> float:
                     for n in range(start, min(events, start + 1000)):
                         fire(Tick(n=n))
             settle_database()
-            deliver_pending(limit=batch, batch_size=batch)  # connect and warm up
-            began = time.perf_counter()
-            deliver_pending(batch_size=batch)
-            elapsed = time.perf_counter() - began
+            with _claims(passes, by_lock):
+                deliver_pending(limit=batch, batch_size=batch)  # connect and warm up
+                wal = _wal_position()
+                began = time.perf_counter()
+                deliver_pending(batch_size=batch)
+                elapsed = time.perf_counter() - began
+                written = _wal_since(wal)
             close_all()
         sent = DeliveryRecord.objects.filter(receiver_key=key, status="succeeded").count()
         if sent != events:
             raise RuntimeError(f"{transport}: {sent} of {events} rows published")
-        return (events - batch) / elapsed
+        rows = events - batch
+        return Published(rows / elapsed, written / rows if written is not None else None)
     finally:
         registry.forget(key)
         _remove(transport, to)
+
+
+@contextlib.contextmanager
+def _claims(passes: Any, by_lock: bool) -> Iterator[None]:
+    """The relay's claims by row lock, or (``by_lock=False``) the usual claims only."""
+    if by_lock:
+        yield
+        return
+    lockable = passes.lockable_keys
+    passes.lockable_keys = lambda lane: ()
+    try:
+        yield
+    finally:
+        passes.lockable_keys = lockable
+
+
+def _wal_position() -> str | None:
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_lsn()")
+        return str(cursor.fetchone()[0])
+
+
+def _wal_since(position: str | None) -> float | None:
+    """Bytes of write-ahead log since ``position`` (the whole server's: nothing else runs)."""
+    if position is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", [position])
+        return float(cursor.fetchone()[0])
 
 
 def phases(events: int, batch: int) -> dict[str, float]:
@@ -83,10 +132,8 @@ def phases(events: int, batch: int) -> dict[str, float]:
     broker's, timed one after another (the fastest of the batches): where ours goes."""
     from django_domain_events import clock
     from django_domain_events.contrib.brokers import publishing
-    from django_domain_events.delivery.claim import claim_batch
     from django_domain_events.delivery.lease import lane_lease
-    from django_domain_events.delivery.run import acknowledge_all, acknowledge_held
-    from django_domain_events.models import database_alias
+    from django_domain_events.delivery.locked import LockedClaims
 
     reset_tables()
     to = f"dde-bench-{uuid.uuid4().hex[:10]}"
@@ -101,27 +148,32 @@ def phases(events: int, batch: int) -> dict[str, float]:
                 for n in range(events):
                     fire(Tick(n=n))
             settle_database()
-            alias, source = database_alias(), "bench"
+            locks, source = LockedClaims(), "bench"
             while True:
                 began = time.perf_counter()
-                now = clock.now()
-                claims = claim_batch(
-                    worker_id="phases", now=now, lease=lane_lease(None), limit=batch
+                locked = locks.take(
+                    0,
+                    worker_id="phases",
+                    keys=[key],
+                    now=clock.now(),
+                    lease=lane_lease(None),
+                    limit=batch,
+                    exclude=(),
+                    ignore_backoff=False,
                 )
-                if not claims:
+                if not locked.claims:
+                    locks.close()
                     break
-                marks = [("claim", began, time.perf_counter())]
+                marks = [("claim (by row lock)", began, time.perf_counter())]
                 start = time.perf_counter()
-                ready: Any = [publishing._admit(alias, c, now, {}) for c in claims]
-                marks.append(("admit (checks, lease)", start, time.perf_counter()))
-                start = time.perf_counter()
-                for row in ready:
-                    publishing._claim_envelope(row.receiver.func, row, source)
+                func: Any = registry.receiver(key).func  # type: ignore[union-attr]
+                for claim in locked.claims:
+                    publishing.make_envelope(func, None, publishing.claim_row(claim), source)
                 marks.append(("envelopes", start, time.perf_counter()))
                 start = time.perf_counter()
-                if acknowledge_held(alias, claims) is None:
-                    with transaction.atomic():
-                        acknowledge_all(alias, claims)
+                with locked.connection.cursor() as cursor:
+                    cursor.execute(*locked._succeeded_sql(locked.claims))
+                locked.connection.commit()
                 marks.append(("acknowledge", start, time.perf_counter()))
                 for name, start, end in marks:
                     times.setdefault(name, []).append((end - start) * 1000)

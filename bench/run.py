@@ -750,9 +750,19 @@ def section_brokers(sizes: dict[str, int], summary: Summary, note: str) -> None:
             print(f"{transport}: not reachable at {measure_brokers.URLS[transport]}: skipped")
             summary.append((f"{transport} published events/s", "skipped", "", ""))
             continue
-        ours = measure_brokers.ours(transport, events, BROKER_BATCH)
+        published = measure_brokers.ours(transport, events, BROKER_BATCH)
+        ours = published.rate
         raw = raws[transport] = measure_brokers.raw(transport, events, BROKER_BATCH)
         figure(f"{transport}: published events/s, one relay", ours, "events/s")
+        if published.wal_per_row is not None:
+            figure(
+                f"{transport}: PostgreSQL's WAL per published row", published.wal_per_row, "bytes"
+            )
+        if transport == "redis":
+            usual = measure_brokers.ours(transport, events, BROKER_BATCH, by_lock=False)
+            figure(f"{transport}: the same with the usual claim", usual.rate, "events/s")
+            if usual.wal_per_row is not None:
+                figure(f"{transport}: its WAL per published row", usual.wal_per_row, "bytes")
         figure(f"{transport}: raw client loop, messages/s", raw, "messages/s")
         ratio_verdict = verdict_of(ours / raw >= TARGET_PUBLISH_RATIO)
         figure(
@@ -771,7 +781,7 @@ def section_brokers(sizes: dict[str, int], summary: Summary, note: str) -> None:
     steps = measure_brokers.phases(min(events, 5_000), BROKER_BATCH)
     print(
         f"the relay's own steps per batch of {BROKER_BATCH}, timed apart (fastest batch; the "
-        "broker's send runs beside the claim): "
+        "broker's send runs beside the next claim): "
         + ", ".join(f"{name} {ms:.1f} ms" for name, ms in steps.items())
         + f"; together {sum(steps.values()):.1f} ms. A raw loop's batch: "
         + ", ".join(f"{name} {BROKER_BATCH * 1000 / rate:.1f} ms" for name, rate in raws.items())

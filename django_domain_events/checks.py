@@ -51,12 +51,32 @@ def check_brokers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     raw = getattr(django_settings, conf.SETTINGS_NAME, {})
     if conf.problems(raw) or not conf.get().BROKERS:
         return []
-    from .contrib.brokers.config import problems  # imports no client library
+    from .contrib.brokers.config import brokers, problems  # imports no client library
 
-    return [
+    found: list[CheckMessage] = [
         Error(problem, hint="See docs/howto-publish.md.", id="django_domain_events.E020")
         for problem in problems()
     ]
+    if found:
+        return found
+    lease = conf.get().LEASE_SECONDS
+    for name, config in sorted(brokers().items()):
+        # What a relay may wait on the broker for one batch, and the batch claimed ahead
+        # meanwhile: the claims by row lock idle that long in their transactions.
+        wait = config.connect_timeout + config.confirm_timeout + 5
+        if 2 * wait >= lease:
+            found.append(
+                checks.Warning(
+                    f"Broker {name!r} may keep a relay waiting {wait:g}s for one batch "
+                    f"(CONNECT_TIMEOUT_SECONDS + CONFIRM_TIMEOUT_SECONDS + 5), twice that "
+                    f"for the batch claimed ahead, against LEASE_SECONDS = {lease:g}: on "
+                    "PostgreSQL the claims would be cut off mid-wait and the batch sent "
+                    "again.",
+                    hint="Raise LEASE_SECONDS, or lower the broker's timeouts.",
+                    id="django_domain_events.W008",
+                )
+            )
+    return found
 
 
 @register(Tags.compatibility)

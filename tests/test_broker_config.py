@@ -160,3 +160,24 @@ def test_manage_py_check_reports_unusable_brokers_without_connecting():
         "'mqtt://' names no transport; use one of amqp://, amqps://, nats://, tls://, "
         "redis://, rediss://."
     ]
+
+
+def test_manage_py_check_warns_of_broker_timeouts_that_outlast_the_lease():
+    """W008: a relay may wait on a broker longer than its claims by row lock may idle
+    (``LEASE_SECONDS``): the warning names the broker and the figures; the defaults
+    (300 s against 2 + 10 + 5 s) raise none."""
+    from django.core import checks
+
+    def warned(**extra):
+        entries = {
+            "slow": {"URL": "nats://127.0.0.1:1", "CONFIRM_TIMEOUT_SECONDS": 60},
+            "quick": {"URL": "redis://127.0.0.1:1/"},
+        }
+        with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": entries, **extra}):
+            return [m for m in checks.run_checks(databases=[]) if m.id.endswith("W008")]
+
+    assert warned() == []
+    (warning,) = warned(LEASE_SECONDS=120)
+    assert warning.msg.startswith("Broker 'slow' may keep a relay waiting 67s for one batch")
+    assert "LEASE_SECONDS = 120" in warning.msg
+    assert warning.hint == "Raise LEASE_SECONDS, or lower the broker's timeouts."

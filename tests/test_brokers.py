@@ -11,7 +11,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.test import override_settings
 
 from django_domain_events import (
@@ -436,10 +436,9 @@ def test_a_row_taken_over_before_its_acknowledgement_is_not_counted_as_sent(brok
     assert {r.status for pk, r in rows.items() if pk != taken} == {"succeeded"}
 
 
-def test_a_batch_costs_the_same_queries_whatever_its_size(broker):
-    """The publish path is O(1) in queries per batch: no query per row."""
-    from django.test.utils import CaptureQueriesContext
-
+def test_a_batch_costs_the_same_queries_whatever_its_size(broker, monkeypatch):
+    """The publish path is O(1) in queries per batch: no query per row (counted on every
+    connection the relay uses)."""
     transport, url, to = broker
     publish(Pinged, to=to, key=lambda evt: f"k{evt.n % 3}")
     counts = []
@@ -447,36 +446,61 @@ def test_a_batch_costs_the_same_queries_whatever_its_size(broker):
         with transaction.atomic():
             for n in range(size):
                 fire(Pinged(n=n))
-        with CaptureQueriesContext(connection) as queries:
-            done = deliver_pending(batch_size=size, lane="default")
+        with every_statement(monkeypatch) as sql:
+            done = deliver_pending(batch_size=size, lane="default", now=_a_moment_later())
         assert done[DeliveryStatus.SUCCEEDED] == size
-        counts.append(len(queries))
+        counts.append(len(sql))
     assert counts[0] == counts[1], counts
     assert len(brokers.read(transport, url, to)) == 42
 
 
-def _statements_before_the_first_acknowledgement(size: int, events: int) -> int:
-    from django.test.utils import CaptureQueriesContext
+def _a_moment_later():
+    """A claim's moment every row just fired is due by, whatever the load: a row not
+    yet due would split a batch, and with it the statements counted."""
+    return clock.now() + timedelta(seconds=1)
 
+
+@contextlib.contextmanager
+def every_statement(monkeypatch):
+    """The SQL sent on every connection (the relay's own, and those it opens to claim by
+    row lock on PostgreSQL), in the order sent."""
+    sql: list[str] = []
+
+    def record(execute, statement, params, many, context):
+        sql.append(statement)
+        return execute(statement, params, many, context)
+
+    create = connections.create_connection
+
+    def created(alias):
+        wrapper = create(alias)
+        wrapper.execute_wrappers.append(record)
+        return wrapper
+
+    monkeypatch.setattr(connections, "create_connection", created)
+    with connection.execute_wrapper(record):
+        yield sql
+
+
+def _statements_before_the_first_acknowledgement(monkeypatch, size: int, events: int) -> int:
     with transaction.atomic():
         for n in range(events):
             fire(Pinged(n=n))
-    with CaptureQueriesContext(connection) as queries:
-        done = deliver_pending(batch_size=size, lane="default")
+    with every_statement(monkeypatch) as sql:
+        done = deliver_pending(batch_size=size, lane="default", now=_a_moment_later())
     assert done[DeliveryStatus.SUCCEEDED] == events
-    sql = [query["sql"] for query in queries.captured_queries]
     first_ack = next(i for i, s in enumerate(sql) if "succeeded_at = " in s)
     return sum("claim_position" in s for s in sql[:first_ack])
 
 
-def test_the_next_batch_is_claimed_while_the_confirms_are_outstanding(broker):
+def test_the_next_batch_is_claimed_while_the_confirms_are_outstanding(broker, monkeypatch):
     """Pipelining: a full batch's publish overlaps the lane's next claim, which is
     therefore made before the batch is acknowledged; every row still gets published."""
     transport, url, to = broker
     publish(Pinged, to=to)
 
-    alone = _statements_before_the_first_acknowledgement(size=10, events=5)
-    pipelined = _statements_before_the_first_acknowledgement(size=5, events=10)
+    alone = _statements_before_the_first_acknowledgement(monkeypatch, size=10, events=5)
+    pipelined = _statements_before_the_first_acknowledgement(monkeypatch, size=5, events=10)
 
     assert pipelined > alone
     assert len(brokers.read(transport, url, to)) == 15
@@ -517,3 +541,142 @@ def test_a_publish_run_inside_a_transaction_is_acknowledged_in_it(broker):
     rows = DeliveryRecord.objects.filter(event_id__in=event_ids)
     assert {r.status for r in rows} == {"succeeded"}
     assert len(brokers.read(transport, url, to)) == 3
+
+
+@contextlib.contextmanager
+def _silent_server():
+    """A port that takes connections and never answers: a NATS client waits there for
+    the server's INFO until its connect timeout."""
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        yield server.getsockname()[1]
+
+
+def test_on_postgresql_rows_being_published_are_locked_not_written(caplog):
+    """On PostgreSQL a publish claims by row lock: while a batch waits on the broker its
+    rows are written nothing (still pending, no claim stamped) and no other claim takes
+    them; the broker's outage then hands them back uncharged, owed again once the
+    broker may be back."""
+    import threading
+
+    from django_domain_events.delivery.claim import claim_batch
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the claim by row lock is PostgreSQL's")
+    pytest.importorskip("nats")
+    with _silent_server() as port:
+        brokers_setting = {
+            "default": {"URL": f"nats://127.0.0.1:{port}", "CONNECT_TIMEOUT_SECONDS": 3}
+        }
+        with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": brokers_setting}):
+            publish(Pinged, to="locked-rows")
+            with transaction.atomic():
+                for n in range(3):
+                    fire(Pinged(n=n))
+            ids = list(DeliveryRecord.objects.values_list("id", flat=True))
+            done: list[object] = []
+
+            def deliver() -> None:
+                try:
+                    done.append(deliver_pending())
+                finally:
+                    connections.close_all()
+
+            relay = threading.Thread(target=deliver)
+            relay.start()
+            try:
+                deadline = time.monotonic() + 5
+                while _unlocked(ids) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                assert not _unlocked(ids), "the relay never locked the rows"
+                rows = DeliveryRecord.objects.filter(id__in=ids)
+                assert set(rows.values_list("status", "claimed_by", "attempts")) == {
+                    ("pending", "", 0)
+                }
+                taken = claim_batch(
+                    worker_id="another", now=clock.now(), lease=60, limit=10, lane="default"
+                )
+                assert taken == []
+            finally:
+                relay.join(timeout=20)
+                close_all()
+    assert done and done[0][DeliveryStatus.SUCCEEDED] == 0
+    rows = DeliveryRecord.objects.filter(id__in=ids)
+    assert set(rows.values_list("status", "attempts")) == {("pending", 0)}
+    assert all(
+        available > clock.now() - timedelta(seconds=1)
+        for available in rows.values_list("available_at", flat=True)
+    )
+
+
+def test_on_postgresql_a_relay_stuck_holding_a_batch_lets_go_after_its_lease():
+    """A relay that stops moving while it holds a batch by row lock (here: waiting on a
+    broker that never answers, longer than the lease) is cut off by PostgreSQL after
+    ``LEASE_SECONDS`` idle in its transaction: the rows are claimable by another relay
+    before the stuck one returns, and nothing was charged."""
+    import threading
+
+    from django_domain_events.delivery.claim import claim_batch
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the claim by row lock is PostgreSQL's")
+    pytest.importorskip("nats")
+    with _silent_server() as port:
+        setting = {
+            "LEASE_SECONDS": 1,
+            "BROKERS": {
+                "default": {"URL": f"nats://127.0.0.1:{port}", "CONNECT_TIMEOUT_SECONDS": 4}
+            },
+        }
+        with override_settings(DJANGO_DOMAIN_EVENTS=setting):
+            publish(Pinged, to="stuck-relay")
+            with transaction.atomic():
+                fire(Pinged(n=1))
+            ids = list(DeliveryRecord.objects.values_list("id", flat=True))
+            ended: list[BaseException | None] = []
+
+            def deliver() -> None:
+                try:
+                    deliver_pending()
+                    ended.append(None)
+                except Exception as error:  # its transaction was ended under it
+                    ended.append(error)
+                finally:
+                    connections.close_all()
+
+            relay = threading.Thread(target=deliver)
+            relay.start()
+            try:
+                deadline = time.monotonic() + 3
+                while _unlocked(ids) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                assert not _unlocked(ids), "the relay never locked the row"
+                locked_at = time.monotonic()
+                while not _unlocked(ids) and time.monotonic() < locked_at + 3:
+                    time.sleep(0.05)
+                freed_after = time.monotonic() - locked_at
+                assert relay.is_alive(), "the relay returned before its lease ran out"
+                assert 0.5 < freed_after < 2.5, freed_after
+                taken = claim_batch(
+                    worker_id="another", now=clock.now(), lease=60, limit=10, lane="default"
+                )
+                assert [claim.id for claim in taken] == ids
+                assert taken[0].attempts == 0
+            finally:
+                relay.join(timeout=20)
+                close_all()
+    assert ended and ended[0] is not None  # the stuck relay learns its batch is gone
+
+
+def _unlocked(ids: list[int]) -> list[int]:
+    """The rows of ``ids`` nobody holds locked."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {DeliveryRecord._meta.db_table} WHERE id = ANY(%s) "
+            "FOR UPDATE SKIP LOCKED",
+            [ids],
+        )
+        return [row[0] for row in cursor.fetchall()]

@@ -82,6 +82,7 @@ def claim_batch(
     ignore_backoff: bool = False,
     at_once: bool = False,
     alone_ok: bool = True,
+    skip_keys: Collection[str] = (),
 ) -> list[Claim]:
     """Claim up to ``limit`` owed rows due at ``now`` for ``worker_id``, oldest first.
 
@@ -115,7 +116,10 @@ def claim_batch(
         tuple(r.key for r in registry.receivers if r.durable and r.site == "task"),
         at_once,
         alone_ok,
+        skip=tuple(sorted(skip_keys)),
     )
+    if only is not None and orphans is None and set(only) <= set(args.skip):
+        return []
     keys = only if only is not None else declared_keys()
     limited = limits.declared(keys)
     if limited:
@@ -156,7 +160,7 @@ def _claim_within_limits(
             claims += got
         limits.spend(alias, grants, taken)
     rest = args.limit - len(claims)
-    skip = tuple(sorted({key for lm in limited for key in lm.members}))
+    skip = tuple(sorted({key for lm in limited for key in lm.members} | set(args.skip)))
     every_one_limited = (
         args.only is not None and args.orphans is None and set(args.only) <= set(skip)
     )

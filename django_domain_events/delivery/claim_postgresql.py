@@ -171,13 +171,7 @@ def claim_postgresql(alias: str, args: ClaimArgs) -> list[Claim]:
     if ordering.in_use():
         filters.append("AND " + ordering.head_sql(delivery, delivery))
         params["blocking"] = list(ordering.blocking_keys())
-    due = (
-        "(available_at <= %(now)s OR (status = {failed} AND due_at <= %(now)s))".format(
-            **STATUS_SQL
-        )
-        if args.ignore_backoff
-        else "available_at <= %(now)s AND claim_rank <= %(window)s"
-    )
+    due = _due_sql(args.ignore_backoff)
     old_claim = ("p.was_status", "p.was_position", "p.was_by", "p.was_at", "p.receiver_key")
     sql = _POSTGRESQL_CLAIM.format(
         picked=picked.format(
@@ -203,6 +197,71 @@ def claim_postgresql(alias: str, args: ClaimArgs) -> list[Claim]:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     return as_claims(rows, args)
+
+
+# The rows a claim by row lock takes (``locked.py``): the same owed rows in the same
+# order, locked and returned with their events, nothing written.
+_POSTGRESQL_LOCK = """
+WITH picked AS ({picked}
+)
+SELECT d.id, d.event_id, d.receiver_key, d.target, d.attempts, d.max_attempts,
+       {micros_due}, {micros_expires}, e.name, e.version,
+       CASE WHEN octet_length(p.text) <= %(inline)s THEN p.text END, {micros_occurred},
+       e.actor_key, e.actor_label, e.scope::text, e.correlation_id, d.last_error,
+       e.trace_context, e.causation_id, false
+FROM picked JOIN {delivery} AS d ON d.id = picked.id
+JOIN {event} AS e ON e.id = d.event_id
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN pg_column_size(e.payload) <= %(inline)s THEN e.payload::text END AS text
+) AS p
+ORDER BY picked.was_rank, picked.id
+"""
+
+
+def lock_postgresql(connection: Any, args: ClaimArgs) -> list[Claim]:
+    """Lock up to ``args.limit`` owed rows of the receivers ``args.only`` in the claim's
+    order, in the transaction open on ``connection``, and return them as claims of
+    ``args.worker_id`` at ``args.now``: a claim by row lock (``locked.py``)."""
+    delivery = connection.ops.quote_name(table(DeliveryRecord))
+    filters = ["AND receiver_key = ANY(%(only)s)"]
+    params: dict[str, Any] = {
+        "now": args.now,
+        "limit": args.limit,
+        "only": list(args.only or ()),
+        "inline": INLINE_PAYLOAD_BYTES,
+        "window": priority.window(args.now),
+    }
+    if args.exclude:
+        filters.append("AND NOT (id = ANY(%(exclude)s))")
+        params["exclude"] = list(args.exclude)
+    sql = _POSTGRESQL_LOCK.format(
+        picked=_PICKED.format(
+            delivery=delivery,
+            owed=STATUS_SQL["owed"],
+            due=_due_sql(args.ignore_backoff),
+            filters=" ".join(filters),
+            order="claim_rank, id",
+        ),
+        delivery=delivery,
+        event=connection.ops.quote_name(table(EventRecord)),
+        micros_due=_micros("d.due_at"),
+        micros_expires=_micros("d.expires_at"),
+        micros_occurred=_micros("e.occurred_at"),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return as_claims(rows, args)
+
+
+def _due_sql(ignore_backoff: bool) -> str:
+    """Which owed rows are due: by ``available_at`` within the priority window, or, with
+    ``ignore_backoff`` (tests), also failed rows waiting out their backoff."""
+    if ignore_backoff:
+        return "(available_at <= %(now)s OR (status = {failed} AND due_at <= %(now)s))".format(
+            **STATUS_SQL
+        )
+    return "available_at <= %(now)s AND claim_rank <= %(window)s"
 
 
 def _micros(column: str) -> str:

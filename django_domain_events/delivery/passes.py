@@ -25,6 +25,7 @@ from .claim import claim_batch, release, take_over
 from .claim_rows import Claim
 from .group import attempt_group
 from .lease import lane_lease
+from .locked import LockedBatch, LockedClaims, lockable_keys
 from .outcomes import Outcome
 from .run import attempt, record_failure, settle_if_ended
 from .run import logger as delivery_logger
@@ -127,6 +128,7 @@ class Pass:
     stop: Callable[[], bool] = lambda: False
     claimed: int = 0
     in_hand: list[Claim] = field(default_factory=list)  # the batch being run
+    locked: LockedClaims = field(default_factory=LockedClaims)  # batches held by row locks
 
     def note(self, claim: Claim, status: DeliveryStatus | None, outcome: Outcome | None) -> float:
         """Count what one attempt recorded; returns the seconds its lane should pause."""
@@ -209,17 +211,20 @@ def deliver_pending(
         raise ValueError(f"deliver_pending(limit=) must be >= 0 or None, not {limit!r}.")
     state = Pass(worker_id, clock.normalize(now) if now is not None else None, ignore_backoff)
     lanes = [lane] if lane is not None else list(registry.lanes())
-    while limit is None or state.claimed < limit:
-        before = state.claimed
-        for name in lanes:
-            room = None if limit is None else limit - state.claimed
-            if room == 0:
+    try:
+        while limit is None or state.claimed < limit:
+            before = state.claimed
+            for name in lanes:
+                room = None if limit is None else limit - state.claimed
+                if room == 0:
+                    break
+                run_lane_batch(
+                    state, name, batch_size_of(name, batch_size, lane_batch_sizes or {}), room
+                )
+            if state.claimed == before:
                 break
-            run_lane_batch(
-                state, name, batch_size_of(name, batch_size, lane_batch_sizes or {}), room
-            )
-        if state.claimed == before:
-            break
+    finally:
+        state.locked.close()
     return state.counts
 
 
@@ -232,17 +237,28 @@ AHEAD_BATCHES = 8
 def run_lane_batch(state: Pass, lane: str, size: int, room: int | None = None) -> int:
     """Claim one batch in ``lane`` and run it; returns how many rows were claimed.
 
-    A publish overlaps the next claim with its confirms (see ``AHEAD_BATCHES``).
+    The rows of receivers that settle by row lock (``locked.py``) are claimed apart,
+    first; a publish overlaps the next claim with its confirms (see ``AHEAD_BATCHES``).
     """
     if state.lane_paused(lane):
         return 0
-    claims, now = _claim_lane(state, lane, size, room)
+    locked = lockable_keys(lane)
+    claimed = _run_locked(state, lane, locked, size, room) if locked else 0
+    left = None if room is None else room - claimed
+    if left == 0 or state.stop() or state.lane_paused(lane):
+        return claimed
+    return claimed + _run_claimed(state, lane, size, left, skip=locked)
+
+
+def _run_claimed(state: Pass, lane: str, size: int, room: int | None, skip: tuple[str, ...]) -> int:
+    """The lane's rows claimed the usual way (all but ``skip``'s), a batch at a time."""
+    claims, now = _claim_lane(state, lane, size, room, skip)
     claimed = 0
     for turn in range(1, AHEAD_BATCHES + 1):
         claimed += len(claims)
         left = None if room is None else room - claimed
         more = len(claims) == size and turn < AHEAD_BATCHES and left != 0
-        ahead = _Ahead(state, lane, size, left) if more else None
+        ahead = _Ahead(state, lane, size, left, skip) if more else None
         state.in_hand = list(claims)  # kept if the batch fails, for the relay to hand back
         run_batch(state, lane, claims, now, ahead)
         state.in_hand = []
@@ -256,7 +272,7 @@ def run_lane_batch(state: Pass, lane: str, size: int, room: int | None = None) -
 
 
 def _claim_lane(
-    state: Pass, lane: str, size: int, room: int | None
+    state: Pass, lane: str, size: int, room: int | None, skip: tuple[str, ...] = ()
 ) -> tuple[list[Claim], datetime]:
     now = state.now if state.now is not None else clock.now()
     claims = claim_batch(
@@ -267,22 +283,76 @@ def _claim_lane(
         lane=lane,
         exclude_ids=state.excluded,
         ignore_backoff=state.ignore_backoff,
+        skip_keys=skip,
     )
     state.claimed += len(claims)
     return claims, now
+
+
+def _run_locked(state: Pass, lane: str, keys: tuple[str, ...], size: int, room: int | None) -> int:
+    """Batches of ``keys``' rows claimed by row lock (``locked.py``): each sent while the
+    next is locked on the other connection, up to ``AHEAD_BATCHES`` in one turn of the
+    lane; returns how many rows were claimed."""
+    claimed = 0
+    try:
+        batch = _lock_lane(state, lane, keys, size, room, turn=0)
+        for turn in range(1, AHEAD_BATCHES + 1):
+            if not batch.claims:
+                batch.give_back()
+                break
+            claimed += len(batch.claims)
+            left = None if room is None else room - claimed
+            more = len(batch.claims) == size and turn < AHEAD_BATCHES and left != 0
+            waiting = batch.send()
+            ahead = _lock_lane(state, lane, keys, size, left, turn) if more else None
+            results = batch.settle(waiting(), state.in_hand)
+            state.in_hand = []
+            if _note_results(state, lane, batch.claims, results) or ahead is None:
+                if ahead is not None:
+                    ahead.give_back()
+                break
+            if state.stop() or state.lane_paused(lane):
+                ahead.give_back()
+                break
+            batch = ahead
+    except BaseException:
+        state.locked.give_back()  # whatever was locked is owed again, uncharged
+        raise
+    return claimed
+
+
+def _lock_lane(
+    state: Pass, lane: str, keys: tuple[str, ...], size: int, room: int | None, turn: int
+) -> LockedBatch:
+    now = state.now if state.now is not None else clock.now()
+    batch = state.locked.take(
+        turn,
+        worker_id=state.worker_id,
+        keys=keys,
+        now=now,
+        lease=lane_lease(lane),
+        limit=size if room is None else min(size, room),
+        exclude=state.excluded,
+        ignore_backoff=state.ignore_backoff,
+    )
+    state.claimed += len(batch.claims)
+    return batch
 
 
 class _Ahead:
     """The lane's next batch, claimed (when called) while a publish's confirms are
     outstanding; sent only once this batch is settled, so one relay keeps event order."""
 
-    def __init__(self, state: Pass, lane: str, size: int, room: int | None) -> None:
+    def __init__(
+        self, state: Pass, lane: str, size: int, room: int | None, skip: tuple[str, ...]
+    ) -> None:
         self.state, self.lane, self.size, self.room = state, lane, size, room
+        self.skip = skip
         self.claims: list[Claim] = []
         self.now: datetime = clock.now()
 
     def __call__(self) -> None:
-        self.claims, self.now = _claim_lane(self.state, self.lane, self.size, self.room)
+        self.claims, self.now = _claim_lane(self.state, self.lane, self.size, self.room, self.skip)
         self.state.in_hand.extend(self.claims)  # handed back with the batch if it fails
 
 
@@ -322,17 +392,25 @@ def _run_claims(
             group = [claims[index]]
             results = [run_one(claims[index], now, decoded)]
         index += len(group)
-        pause = 0.0
-        for claim, result in zip(group, results, strict=True):
-            if result is None:  # handed to the task queue, or back (a broker outage)
-                if state.now is not None or state.ignore_backoff:
-                    state.excluded.add(claim.id)
-                continue
-            pause = max(pause, state.note(claim, *result))
-        if pause:
-            state.pause(lane, pause)
+        if _note_results(state, lane, group, results):
             release(claims[index:])
             return
+
+
+def _note_results(
+    state: Pass, lane: str, claims: Sequence[Claim], results: Sequence[Result]
+) -> bool:
+    """Count the results of ``claims``; True when the lane was paused for them."""
+    pause = 0.0
+    for claim, result in zip(claims, results, strict=True):
+        if result is None:  # handed to the task queue, or back (a broker outage)
+            if state.now is not None or state.ignore_backoff:
+                state.excluded.add(claim.id)
+            continue
+        pause = max(pause, state.note(claim, *result))
+    if pause:
+        state.pause(lane, pause)
+    return bool(pause)
 
 
 def _batch_acked(claims: Sequence[Claim], start: int) -> list[Claim]:

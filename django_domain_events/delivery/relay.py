@@ -432,6 +432,7 @@ class _Loop:
         return prune
 
     def _wind_down(self) -> None:
+        self.state.locked.close()  # the claims by row lock (none is open between passes)
         if self.pools is not None:
             # Finish the rows being run, hand back the rest.
             self.pools.close(self.state, self.state.worker_id)

@@ -272,7 +272,7 @@ def prepare(
         return admitted
     held, receiver, lease = admitted.claim, admitted.receiver, admitted.lease
     try:
-        evt, scope = _read(held, decoded)
+        evt, scope = read_event(held, decoded)
     except _UNREADABLE as error:  # a row that cannot become the event: dead, unrun
         reason = describe_error(error)
         if not isinstance(error, LookupError | PayloadDecodeError | PayloadUpgradeFailed):
@@ -441,7 +441,7 @@ def stop_if_interrupted(error: BaseException) -> None:
         raise error
 
 
-def _read(claim: Claim, decoded: dict[int, Any] | None) -> tuple[Any, dict[str, Any]]:
+def read_event(claim: Claim, decoded: dict[int, Any] | None) -> tuple[Any, dict[str, Any]]:
     """The claim's event and scope, parsed from the stored JSON."""
     scope = parse_json(claim.scope)
     if decoded is not None and claim.event_id in decoded:

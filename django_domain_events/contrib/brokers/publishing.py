@@ -24,6 +24,7 @@ from ... import clock
 from ...declare import AnyEvent, receiver, registry
 from ...delivery.claim import release
 from ...delivery.claim_rows import Claim, event_payload
+from ...delivery.locked import NotSent
 from ...delivery.outcomes import DeliveryContext
 from ...delivery.run import (
     Admitted,
@@ -33,6 +34,7 @@ from ...delivery.run import (
     acknowledge_held,
     admit,
     prepare,
+    read_event,
     record_failure,
     report_success,
     warn_lease_lost,
@@ -97,6 +99,23 @@ class Publication:
         """Publish ``claims`` (rows of this broker) together, running ``meanwhile()``
         while their confirms are outstanding; see the module docstring."""
         return deliver_batch(self.broker, claims, now=now, meanwhile=meanwhile)
+
+    def send_batch(self, claims: Sequence[Claim]) -> Callable[[], dict[int, BaseException | None]]:
+        """Send ``claims`` (rows of this broker held by row locks, ``delivery.locked``)
+        with confirms outstanding; returns what waits for each row's outcome."""
+        return send_batch(self.broker, claims)
+
+    def settle_unsent(
+        self, claims: Sequence[Claim], errors: Sequence[BaseException], *, now: datetime
+    ) -> list[Result]:
+        """Settle rows sent by ``send_batch`` and not confirmed, now claimed: an outage's
+        handed back uncharged, the others failed attempts with their reasons."""
+        rows = [
+            (claim, registry.receiver(claim.receiver_key), error)
+            for claim, error in zip(claims, errors, strict=True)
+        ]
+        results = _unconfirmed(rows, now)
+        return [results[claim.id] for claim in claims]
 
 
 def publish(
@@ -239,6 +258,43 @@ def deliver_batch(
     return [results[claim.id] for claim in claims]
 
 
+def send_batch(
+    broker: str, claims: Sequence[Claim]
+) -> Callable[[], dict[int, BaseException | None]]:
+    """Send every row of ``claims`` with confirms outstanding; what it returns waits for
+    them and answers each row's outcome: None when confirmed, ``NotSent`` for a row whose
+    event cannot be read for its ``key=`` (the usual run records why), else the error."""
+    outcomes: dict[int, BaseException | None] = {}
+    messages: list[tuple[Claim, Outgoing]] = []
+    decoded: dict[int, Any] = {}
+    source = event_source()
+    for claim in claims:
+        receiver = registry.receiver(claim.receiver_key)
+        publication: Any = receiver.func if receiver is not None else None
+        evt = None
+        if publication.key is not None:
+            try:
+                evt, _ = read_event(claim, decoded)
+            except Exception:
+                outcomes[claim.id] = NotSent()
+                continue
+        try:
+            env = make_envelope(publication, evt, claim_row(claim), source)
+        except Exception as error:  # key= raised: this row's failed attempt
+            outcomes[claim.id] = error
+            continue
+        messages.append((claim, Outgoing(publication.to, env)))
+    sending = link(broker).submit([message for _, message in messages])
+
+    def wait() -> dict[int, BaseException | None]:
+        confirmations = sending.wait()
+        for (claim, _), confirmation in zip(messages, confirmations, strict=True):
+            outcomes[claim.id] = confirmation
+        return outcomes
+
+    return wait
+
+
 class _Lost(Exception):
     """A confirmed row of the batch is no longer this claim's: acknowledge one by one."""
 
@@ -275,8 +331,12 @@ def _admit(
 
 
 def _claim_envelope(publication: Publication, ready: Ready | Admitted, source: str) -> Any:
-    claim = ready.claim
-    row = Row(
+    return make_envelope(publication, getattr(ready, "evt", None), claim_row(ready.claim), source)
+
+
+def claim_row(claim: Claim) -> Row:
+    """What the message of a claimed row is made of, from the claim alone."""
+    return Row(
         event_id=claim.event_id,
         delivery_id=claim.id,
         name=claim.event_name,
@@ -288,7 +348,6 @@ def _claim_envelope(publication: Publication, ready: Ready | Admitted, source: s
         trace_context=claim.trace_context,
         expires_at=claim.expires_at,
     )
-    return make_envelope(publication, getattr(ready, "evt", None), row, source)
 
 
 def _settle(
@@ -307,17 +366,29 @@ def _settle(
         else:  # its lease lapsed and another worker holds it: that one settles it
             warn_lease_lost(row.claim, ran=True)
             results[row.claim.id] = (None, None)
-    down = [
-        row
-        for (row, _), c in zip(messages, confirmations, strict=True)
-        if isinstance(c, BrokerDown)
+    unconfirmed = [
+        (row.claim, row.receiver, error)
+        for (row, _), error in zip(messages, confirmations, strict=True)
+        if error is not None
     ]
+    results.update(_unconfirmed(unconfirmed, now))
+    return results
+
+
+def _unconfirmed(
+    rows: Sequence[tuple[Claim, Any, BaseException]], now: datetime
+) -> dict[int, Result]:
+    """Rows sent and not confirmed: a broker outage's handed back uncharged, to be sent
+    again once the broker may be back (``RETRY_CONNECT_SECONDS``); any other error is a
+    failed attempt with the broker's reason."""
+    results: dict[int, Result] = {}
+    down = [claim for claim, _, error in rows if isinstance(error, BrokerDown)]
     if down:
-        func: Any = down[0].receiver.func
+        func: Any = registry.receiver(down[0].receiver_key).func  # type: ignore[union-attr]
         retry = timedelta(seconds=link(func.broker).config.retry_connect)
-        release([row.claim for row in down], now=clock.now() + retry)
-        results.update({row.claim.id: None for row in down})
-    for (row, _), error in zip(messages, confirmations, strict=True):
-        if error is not None and not isinstance(error, BrokerDown):
-            results[row.claim.id] = record_failure(row.claim, row.receiver, error, now=now)
+        release(down, now=clock.now() + retry)
+        results.update({claim.id: None for claim in down})
+    for claim, declared, error in rows:
+        if not isinstance(error, BrokerDown):
+            results[claim.id] = record_failure(claim, declared, error, now=now)
     return results

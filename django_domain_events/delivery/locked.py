@@ -1,0 +1,270 @@
+"""Claims held by row locks: a batch settled inside the transaction that took it.
+
+For receivers that deliver many rows at once and learn, for each, whether it arrived: a
+broker publish (``contrib.brokers``), acknowledged on the broker's confirm. On
+PostgreSQL a relay takes their owed rows with ``FOR UPDATE SKIP LOCKED`` in a
+transaction of a connection of its own, writing nothing; once the batch is sent and
+confirmed, one ``UPDATE`` records the confirmed rows succeeded, the others are stamped
+claimed as the usual claim (``claim.py``) would have, and one commit ends it; those
+others are then settled the usual way (a refusal is a failed attempt, an outage hands
+the row back). A published row is written once where the usual claim writes it twice,
+and a claim moves a row between the partial indexes of owed and claimed rows (about
+seven index entries a row): the relay's database work per published row halves.
+
+A relay killed meanwhile leaves nothing claimed: its transaction ends with its
+connection, the rows are owed again at once, uncharged, and another relay sends them
+again under the same message id. A relay that hangs holding them is cut off by
+PostgreSQL once its transaction has idled for ``LEASE_SECONDS``
+(``idle_in_transaction_session_timeout``), as a lease would lapse.
+
+Two connections take turns: while one batch's confirms are outstanding, the lane's
+next batch is locked on the other, and sent once the first is settled, so one relay
+still sends in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections
+
+from .. import clock, conf, priority, tally
+from ..declare import registry
+from ..models import STATUS_SQL, DeliveryRecord, DeliveryStatus, database_alias
+from . import limits
+from .claim import lane_keys
+from .claim_postgresql import lock_postgresql
+from .claim_rows import Claim, ClaimArgs, table
+from .report import report_success
+from .run import attempt
+
+# One row's result, as ``passes.Result``: its status and outcome, or None when it was
+# handed back (a broker outage).
+Result = tuple[DeliveryStatus | None, Any] | None
+
+#: What ``send_batch`` answers for each row: None when it arrived, else why not.
+Outcomes = dict[int, BaseException | None]
+
+
+class NotSent(Exception):
+    """A row ``send_batch`` left unsent (its event cannot be read here): it runs the
+    usual way once claimed, where what is wrong with it is recorded."""
+
+
+def lockable_keys(lane: str | None) -> tuple[str, ...]:
+    """The receivers of ``lane`` whose rows are claimed by row lock: those whose function
+    sends a batch (``send_batch``), neither ordered nor limited (their claims take
+    other rows into account), on PostgreSQL; empty elsewhere."""
+    if connections[database_alias()].vendor != "postgresql":
+        return ()
+    keys = lane_keys(lane)
+    candidates = [
+        r
+        for r in registry.receivers
+        if r.durable
+        and (keys is None or r.key in keys)
+        and r.ordered_by is None
+        and callable(getattr(r.func, "send_batch", None))
+    ]
+    held = {key for lm in limits.declared([r.key for r in candidates]) for key in lm.members}
+    return tuple(sorted(r.key for r in candidates if r.key not in held))
+
+
+class LockedClaims:
+    """The two connections a pass locks batches on, opened on first use, each in a
+    transaction from a batch's claim to its commit."""
+
+    def __init__(self) -> None:
+        self._connections: list[Any] = []
+
+    def take(
+        self,
+        turn: int,
+        *,
+        worker_id: str,
+        keys: Sequence[str],
+        now: datetime,
+        lease: timedelta,
+        limit: int,
+        exclude: Collection[int],
+        ignore_backoff: bool,
+    ) -> LockedBatch:
+        """Lock up to ``limit`` owed rows of ``keys`` on the connection of ``turn``."""
+        connection = self._connection(turn)
+        args = ClaimArgs(
+            worker_id,
+            now,
+            now + lease,
+            limit,
+            tuple(keys),
+            None,
+            tuple(exclude),
+            None,
+            ignore_backoff,
+        )
+        try:
+            claims = lock_postgresql(connection, args)
+        except BaseException:
+            self.give_back()
+            raise
+        return LockedBatch(connection, claims, args)
+
+    def give_back(self) -> None:
+        """End every open transaction: the rows they lock are owed again, uncharged. A
+        connection that cannot is closed (the next batch opens a new one)."""
+        for connection in self._connections:
+            try:
+                connection.rollback()
+            except Exception:
+                with contextlib.suppress(Exception):
+                    connection.close()
+
+    def close(self) -> None:
+        """Close both connections (their transactions end with them)."""
+        for connection in self._connections:
+            with contextlib.suppress(Exception):
+                connection.close()
+        self._connections = []
+
+    def _connection(self, turn: int) -> Any:
+        alias = database_alias()
+        while len(self._connections) < 2:
+            self._connections.append(connections.create_connection(alias))
+        connection = self._connections[turn % 2]
+        if connection.connection is None:  # first use, or closed by ``give_back``
+            connection.set_autocommit(False)
+            timeout = int(conf.get().LEASE_SECONDS * 1000)
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET idle_in_transaction_session_timeout = {timeout}")
+            connection.commit()
+        return connection
+
+
+@dataclass
+class LockedBatch:
+    """A batch of rows locked by the open transaction of ``connection``."""
+
+    connection: Any
+    claims: list[Claim]
+    args: ClaimArgs
+
+    def send(self) -> Callable[[], Outcomes]:
+        """Start sending every row that may be sent; returns what waits for the outcomes."""
+        outcomes: Outcomes = {}
+        groups: dict[object, tuple[Any, list[Claim]]] = {}
+        for claim in self.claims:
+            receiver = registry.receiver(claim.receiver_key)
+            func: Any = receiver.func if receiver is not None else None
+            sends = func is not None and callable(getattr(func, "send_batch", None))
+            if not sends or not _sendable(claim, self.args.now):
+                outcomes[claim.id] = NotSent()
+            else:
+                groups.setdefault(func.batch_group, (func, []))[1].append(claim)
+        waits = [func.send_batch(claims) for func, claims in groups.values()]
+
+        def wait() -> Outcomes:
+            for waiting in waits:
+                outcomes.update(waiting())
+            return outcomes
+
+        return wait
+
+    def settle(self, outcomes: Outcomes, in_hand: list[Claim]) -> list[Result]:
+        """Commit the confirmed rows succeeded and the others claimed, then settle those
+        the usual way, keeping them in ``in_hand`` meanwhile (what a relay hands back if
+        that fails); one result per row, in order."""
+        confirmed = [claim for claim in self.claims if outcomes[claim.id] is None]
+        others = [claim for claim in self.claims if outcomes[claim.id] is not None]
+        with self.connection.cursor() as cursor:
+            if confirmed:
+                cursor.execute(*self._succeeded_sql(confirmed))
+            if others:
+                cursor.execute(*self._claimed_sql(others))
+        self.connection.commit()
+        in_hand.extend(others)
+        results: dict[int, Result] = {}
+        for claim in confirmed:
+            report_success(claim)
+            results[claim.id] = (DeliveryStatus.SUCCEEDED, None)
+        results.update(_settle_others(others, outcomes, self.args.now))
+        return [results[claim.id] for claim in self.claims]
+
+    def give_back(self) -> None:
+        """End the transaction: the rows are owed again, uncharged."""
+        try:
+            self.connection.rollback()
+        except Exception:
+            with contextlib.suppress(Exception):
+                self.connection.close()
+
+    def _succeeded_sql(self, claims: Sequence[Claim]) -> tuple[str, list[Any]]:
+        adapt = self.connection.ops.adapt_datetimefield_value
+        done = adapt(clock.now())
+        sql = (
+            f"UPDATE {self._table()} SET status = {STATUS_SQL['succeeded']}, "
+            "attempts = attempts + 1, completed_at = %s, succeeded_at = %s, "
+            "claimed_by = %s, claimed_at = %s, lease_expires_at = NULL, last_error = '' "
+            "WHERE id = ANY(%s)"
+        )
+        args = self.args
+        return sql, [done, done, args.worker_id, adapt(args.now), [c.id for c in claims]]
+
+    def _claimed_sql(self, claims: Sequence[Claim]) -> tuple[str, list[Any]]:
+        """Stamp ``claims`` as the usual claim would: held by this worker until the lease
+        ends, each run alone (a lapse of it is its attempt)."""
+        adapt = self.connection.ops.adapt_datetimefield_value
+        args = self.args
+        sql = (
+            f"UPDATE {self._table()} SET status = {STATUS_SQL['claimed']}, "
+            "claimed_by = %s, claimed_at = %s, lease_expires_at = %s, available_at = %s, "
+            "claim_rank = %s - priority_credit, claim_position = 0 WHERE id = ANY(%s)"
+        )
+        end = adapt(args.lease_end)
+        params = [args.worker_id, adapt(args.now), end, end, priority.rank(args.lease_end)]
+        return sql, [*params, [c.id for c in claims]]
+
+    def _table(self) -> str:
+        return str(self.connection.ops.quote_name(table(DeliveryRecord)))
+
+
+def _sendable(claim: Claim, now: datetime) -> bool:
+    """Whether the row may be sent and acknowledged here: not past its lifetime or its
+    attempts (the usual way dead-letters it), and no scheduled tally to change with it."""
+    if claim.expires_at is not None and now >= claim.expires_at:
+        return False
+    if claim.max_attempts is not None and claim.attempts >= claim.max_attempts:
+        return False
+    return not tally.deltas(left=[(claim.receiver_key, claim.due_at)])
+
+
+def _settle_others(claims: Sequence[Claim], outcomes: Outcomes, now: datetime) -> dict[int, Result]:
+    """Settle the rows not confirmed, now claimed: the unsent run the usual way
+    (``deliver_batch``), the sent ones are settled by their function (``settle_unsent``)."""
+    results: dict[int, Result] = {}
+    by_func: dict[int, tuple[Any, list[Claim], list[Claim]]] = {}
+    for claim in claims:
+        receiver = registry.receiver(claim.receiver_key)
+        func: Any = receiver.func if receiver is not None else None
+        unsent, sent = by_func.setdefault(id(func), (func, [], []))[1:]
+        (unsent if isinstance(outcomes[claim.id], NotSent) else sent).append(claim)
+    for func, unsent, sent in by_func.values():
+        if unsent:
+            results.update(_run_usually(func, unsent, now))
+        if sent:
+            errors = [outcomes[claim.id] for claim in sent]
+            settled = func.settle_unsent(sent, errors, now=now)
+            results.update(zip([c.id for c in sent], settled, strict=True))
+    return results
+
+
+def _run_usually(func: Any, claims: Sequence[Claim], now: datetime) -> dict[int, Result]:
+    """Claimed rows run as any claimed batch is; a row whose receiver is gone is settled
+    by the usual checks (``run.attempt``)."""
+    if func is not None and callable(getattr(func, "deliver_batch", None)):
+        results = func.deliver_batch(claims, now=now)
+        return dict(zip([c.id for c in claims], results, strict=True))
+    return {claim.id: attempt(claim, now=now) for claim in claims}
