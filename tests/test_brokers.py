@@ -555,56 +555,17 @@ def _silent_server():
         yield server.getsockname()[1]
 
 
-def test_on_postgresql_rows_being_published_are_locked_not_written(caplog):
+def test_on_postgresql_rows_being_published_are_locked_not_written():
     """On PostgreSQL a publish claims by row lock: while a batch waits on the broker its
     rows are written nothing (still pending, no claim stamped) and no other claim takes
     them; the broker's outage then hands them back uncharged, owed again once the
     broker may be back."""
-    import threading
-
-    from django_domain_events.delivery.claim import claim_batch
-
-    if connection.vendor != "postgresql":
-        pytest.skip("the claim by row lock is PostgreSQL's")
-    pytest.importorskip("nats")
-    with _silent_server() as port:
-        brokers_setting = {
-            "default": {"URL": f"nats://127.0.0.1:{port}", "CONNECT_TIMEOUT_SECONDS": 3}
-        }
-        with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": brokers_setting}):
-            publish(Pinged, to="locked-rows")
-            with transaction.atomic():
-                for n in range(3):
-                    fire(Pinged(n=n))
-            ids = list(DeliveryRecord.objects.values_list("id", flat=True))
-            done: list[object] = []
-
-            def deliver() -> None:
-                try:
-                    done.append(deliver_pending())
-                finally:
-                    connections.close_all()
-
-            relay = threading.Thread(target=deliver)
-            relay.start()
-            try:
-                deadline = time.monotonic() + 5
-                while _unlocked(ids) and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                assert not _unlocked(ids), "the relay never locked the rows"
-                rows = DeliveryRecord.objects.filter(id__in=ids)
-                assert set(rows.values_list("status", "claimed_by", "attempts")) == {
-                    ("pending", "", 0)
-                }
-                taken = claim_batch(
-                    worker_id="another", now=clock.now(), lease=60, limit=10, lane="default"
-                )
-                assert taken == []
-            finally:
-                relay.join(timeout=20)
-                close_all()
-    assert done and done[0][DeliveryStatus.SUCCEEDED] == 0
-    rows = DeliveryRecord.objects.filter(id__in=ids)
+    with _relay_on_a_silent_broker(CONNECT_TIMEOUT_SECONDS=3) as (ids, ended):
+        rows = DeliveryRecord.objects.filter(id__in=ids)
+        assert set(rows.values_list("status", "claimed_by", "attempts")) == {("pending", "", 0)}
+        assert _claimed_by_another() == []
+    (counts,) = ended
+    assert isinstance(counts, dict) and counts[DeliveryStatus.SUCCEEDED] == 0
     assert set(rows.values_list("status", "attempts")) == {("pending", 0)}
     assert all(
         available > clock.now() - timedelta(seconds=1)
@@ -617,58 +578,69 @@ def test_on_postgresql_a_relay_stuck_holding_a_batch_lets_go_after_its_lease():
     broker that never answers, longer than the lease) is cut off by PostgreSQL after
     ``LEASE_SECONDS`` idle in its transaction: the rows are claimable by another relay
     before the stuck one returns, and nothing was charged."""
-    import threading
+    with _relay_on_a_silent_broker(CONNECT_TIMEOUT_SECONDS=4, lease_seconds=1) as (
+        ids,
+        ended,
+    ):
+        locked_at = time.monotonic()
+        while not _unlocked(ids) and time.monotonic() < locked_at + 3:
+            time.sleep(0.05)
+        freed_after = time.monotonic() - locked_at
+        assert not ended, "the relay returned before its lease ran out"
+        assert 0.5 < freed_after < 2.5, freed_after
+        taken = _claimed_by_another()
+        assert [claim.id for claim in taken] == ids
+        assert taken[0].attempts == 0
+    (error,) = ended  # the stuck relay learns at its commit that its batch is gone
+    assert isinstance(error, Exception)
 
-    from django_domain_events.delivery.claim import claim_batch
+
+@contextlib.contextmanager
+def _relay_on_a_silent_broker(lease_seconds: float = 300, **options):
+    """``deliver_pending()`` in a thread over three owed publishes to a NATS broker that
+    never answers, once it holds their rows locked: yields their ids and, once it has
+    returned, what it returned or raised. PostgreSQL only."""
+    import threading
 
     if connection.vendor != "postgresql":
         pytest.skip("the claim by row lock is PostgreSQL's")
     pytest.importorskip("nats")
+    ended: list[object] = []
+
+    def deliver() -> None:
+        try:
+            ended.append(deliver_pending())
+        except Exception as error:
+            ended.append(error)
+        finally:
+            connections.close_all()
+
     with _silent_server() as port:
-        setting = {
-            "LEASE_SECONDS": 1,
-            "BROKERS": {
-                "default": {"URL": f"nats://127.0.0.1:{port}", "CONNECT_TIMEOUT_SECONDS": 4}
-            },
-        }
+        broker = {"URL": f"nats://127.0.0.1:{port}", **options}
+        setting = {"LEASE_SECONDS": lease_seconds, "BROKERS": {"default": broker}}
         with override_settings(DJANGO_DOMAIN_EVENTS=setting):
-            publish(Pinged, to="stuck-relay")
+            publish(Pinged, to="silent")
             with transaction.atomic():
-                fire(Pinged(n=1))
-            ids = list(DeliveryRecord.objects.values_list("id", flat=True))
-            ended: list[BaseException | None] = []
-
-            def deliver() -> None:
-                try:
-                    deliver_pending()
-                    ended.append(None)
-                except Exception as error:  # its transaction was ended under it
-                    ended.append(error)
-                finally:
-                    connections.close_all()
-
+                for n in range(3):
+                    fire(Pinged(n=n))
+            ids = list(DeliveryRecord.objects.order_by("id").values_list("id", flat=True))
             relay = threading.Thread(target=deliver)
             relay.start()
             try:
-                deadline = time.monotonic() + 3
+                deadline = time.monotonic() + 5
                 while _unlocked(ids) and time.monotonic() < deadline:
                     time.sleep(0.02)
-                assert not _unlocked(ids), "the relay never locked the row"
-                locked_at = time.monotonic()
-                while not _unlocked(ids) and time.monotonic() < locked_at + 3:
-                    time.sleep(0.05)
-                freed_after = time.monotonic() - locked_at
-                assert relay.is_alive(), "the relay returned before its lease ran out"
-                assert 0.5 < freed_after < 2.5, freed_after
-                taken = claim_batch(
-                    worker_id="another", now=clock.now(), lease=60, limit=10, lane="default"
-                )
-                assert [claim.id for claim in taken] == ids
-                assert taken[0].attempts == 0
+                assert not _unlocked(ids), "the relay never locked the rows"
+                yield ids, ended
             finally:
                 relay.join(timeout=20)
                 close_all()
-    assert ended and ended[0] is not None  # the stuck relay learns its batch is gone
+
+
+def _claimed_by_another() -> list:
+    from django_domain_events.delivery.claim import claim_batch
+
+    return claim_batch(worker_id="another", now=clock.now(), lease=60, limit=10, lane="default")
 
 
 def _unlocked(ids: list[int]) -> list[int]:
