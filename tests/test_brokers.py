@@ -438,10 +438,12 @@ def test_a_row_taken_over_before_its_acknowledgement_is_not_counted_as_sent(brok
 
 def test_a_batch_costs_the_same_queries_whatever_its_size(broker, monkeypatch):
     """The publish path is O(1) in queries per batch: no query per row (counted on every
-    connection the relay uses)."""
+    connection the relay uses). A batch of 40 costs no more statements than a batch of
+    2 (the first call of a process has once cost one more, on RabbitMQ in full suites
+    only: the statements are in the message if it differs again)."""
     transport, url, to = broker
     publish(Pinged, to=to, key=lambda evt: f"k{evt.n % 3}")
-    counts = []
+    counts, statements = [], []
     for size in (2, 40):
         with transaction.atomic():
             for n in range(size):
@@ -450,7 +452,8 @@ def test_a_batch_costs_the_same_queries_whatever_its_size(broker, monkeypatch):
             done = deliver_pending(batch_size=size, lane="default", now=_a_moment_later())
         assert done[DeliveryStatus.SUCCEEDED] == size
         counts.append(len(sql))
-    assert counts[0] == counts[1], counts
+        statements.append([" ".join(s.split())[:90] for s in sql])
+    assert counts[1] <= counts[0], statements
     assert len(brokers.read(transport, url, to)) == 42
 
 
