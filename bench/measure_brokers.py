@@ -1,10 +1,11 @@
 """Section 14: events published per second from one relay to each broker, against a raw
 client loop publishing the same messages with confirms, batched the same way.
 
-Ours: ``deliver_pending(batch_size=B)`` over N owed rows of ``publish(Tick, to=...)``,
-the relay's own path (claim a batch by row lock, build the CloudEvents, send them with
-every confirm outstanding, await them, acknowledge the batch in one ``UPDATE``), and on
-one broker the same with the usual claim, which stamps every row claimed first. Raw: the same
+Ours: ``run_relay(once=True, batch_size=B)`` over N owed rows of ``publish(Tick, to=...)``,
+the loop of ``manage.py deliver_events`` on the main thread as there (claim a batch by
+row lock, build the CloudEvents, send them with every confirm outstanding, await them,
+acknowledge the batch in one ``UPDATE``), and on one broker the same with the usual
+claim, which stamps every row claimed first. Raw: the same
 envelopes, built beforehand, sent by the same client library in batches of B, each
 batch's confirms awaited before the next: no database at all. Brokers are the machine's
 (``DDE_AMQP_URL``, ``DDE_NATS_URL``, ``DDE_REDIS_URL``); a broker that is not reachable
@@ -29,7 +30,7 @@ from django.test import override_settings
 
 from bench.events import Tick
 from bench.measure import reset_tables, settle_database
-from django_domain_events import deliver_pending, fire, registry
+from django_domain_events import deliver_pending, fire, registry, run_relay
 from django_domain_events.contrib.brokers import envelope, publish
 from django_domain_events.contrib.brokers.config import nats_stream_name
 from django_domain_events.contrib.brokers.links import close_all
@@ -61,7 +62,7 @@ class Published:
 
 
 def ours(transport: str, events: int, batch: int, *, by_lock: bool = True) -> Published:
-    """Published rows/s of ``deliver_pending`` over ``events`` owed publish rows;
+    """Published rows/s of one relay (``run_relay(once=True)``) over ``events`` owed rows;
     ``by_lock=False`` claims them the usual way (``delivery/locked.py`` off)."""
     from django_domain_events.delivery import passes
 
@@ -82,7 +83,7 @@ def ours(transport: str, events: int, batch: int, *, by_lock: bool = True) -> Pu
                 deliver_pending(limit=batch, batch_size=batch)  # connect and warm up
                 wal = _wal_position()
                 began = time.perf_counter()
-                deliver_pending(batch_size=batch)
+                run_relay(once=True, batch_size=batch, prune=None)
                 elapsed = time.perf_counter() - began
                 written = _wal_since(wal)
             close_all()

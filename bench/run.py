@@ -740,7 +740,7 @@ def section_brokers(sizes: dict[str, int], summary: Summary, note: str) -> None:
 
     events = sizes["broker_events"]
     print(
-        f"== 14. publishing: deliver_pending(batch_size={BROKER_BATCH}) over {events:,} rows "
+        f"== 14. publishing: run_relay(once=True, batch_size={BROKER_BATCH}) over {events:,} rows "
         f"of publish(Tick, to=...), against the same client library sending the same "
         f"CloudEvents in batches of {BROKER_BATCH}, each batch's confirms awaited{note}"
     )

@@ -62,12 +62,17 @@ def deltas(
     start = horizon()
     changes: Deltas = Counter()
     for key, due in entered:
-        if due >= start:
+        if is_tallied(due, start):
             changes[key, hour_of(due)] += 1
     for key, due in left:
-        if due >= start:
+        if is_tallied(due, start):
             changes[key, hour_of(due)] -= 1
     return changes
+
+
+def is_tallied(due: datetime, start: datetime) -> bool:
+    """Whether a row due at ``due`` is counted in the tally whose horizon is ``start``."""
+    return due >= start
 
 
 def write(alias: str, changes: Deltas, model: Any = ScheduledTally) -> None:

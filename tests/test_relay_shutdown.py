@@ -220,3 +220,27 @@ def test_a_relay_that_fails_as_it_starts_gives_back_the_callers_signal_handlers(
     with pytest.raises(RuntimeError, match="start's log"):
         run_relay(once=True, prune=None)
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_relay_owning_its_process_switches_threads_every_millisecond() -> None:
+    """A relay on the main thread runs with a 1 ms thread switch interval (its threads
+    would otherwise wait up to 5 ms for each other at every database reply); the caller's
+    comes back when it returns, and a relay on another thread leaves it alone."""
+    import sys
+
+    from django_domain_events.delivery.relay import SWITCH_INTERVAL_SECONDS
+
+    seen: list[float] = []
+    receiver(Pinged, key="t.interval")(lambda evt: seen.append(sys.getswitchinterval()))
+    before = sys.getswitchinterval()
+    assert before > SWITCH_INTERVAL_SECONDS  # Python's default, 5 ms
+
+    fire_one(Pinged(n=1))
+    run_relay(once=True, prune=None)
+    fire_one(Pinged(n=2))
+    elsewhere = threading.Thread(target=lambda: run_relay(once=True, prune=None))
+    elsewhere.start()
+    elsewhere.join(60)
+
+    assert seen == [SWITCH_INTERVAL_SECONDS, before]
+    assert sys.getswitchinterval() == before

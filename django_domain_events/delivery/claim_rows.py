@@ -93,14 +93,14 @@ def table(model: type[Any]) -> str:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _moment(value: datetime | int) -> datetime:
+def _moment(value: datetime | int, use_tz: bool) -> datetime:
     """A timestamp a claim read (a datetime, or microseconds since the epoch: ``_micros``)
-    in the project's convention: naive ``TIME_ZONE`` time under ``USE_TZ = False``, as the
-    driver would have read it."""
+    in the project's convention (``use_tz``, read once per claim: ``USE_TZ``): naive
+    ``TIME_ZONE`` time under ``USE_TZ = False``, as the driver would have read it."""
     if not isinstance(value, int):
         return clock.normalize(value)
     moment = _EPOCH + timedelta(microseconds=value)
-    if settings.USE_TZ:
+    if use_tz:
         return moment
     return timezone.make_naive(moment, timezone.get_default_timezone())
 
@@ -114,6 +114,7 @@ def as_claims(
     actor_label, scope, correlation_id, the delivery's last_error, and the event's
     trace_context and causation_id, and whether it runs alone (a missing column:
     ``alone_ids``). Timestamps come as datetimes or epoch microseconds (``_moment``)."""
+    use_tz = settings.USE_TZ
     return [
         Claim(
             id=row[0],
@@ -122,15 +123,15 @@ def as_claims(
             target=row[3],
             attempts=row[4],
             max_attempts=row[5],
-            due_at=_moment(row[6]),
-            expires_at=_moment(row[7]) if row[7] is not None else None,
+            due_at=_moment(row[6], use_tz),
+            expires_at=_moment(row[7], use_tz) if row[7] is not None else None,
             claimed_by=args.worker_id,
             claimed_at=args.now,
             lease_expires_at=args.lease_end,
             event_name=row[8],
             event_version=row[9],
             payload=row[10],
-            occurred_at=_moment(row[11]),
+            occurred_at=_moment(row[11], use_tz),
             actor_key=row[12],
             actor_label=row[13],
             scope=row[14],

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -40,24 +40,24 @@ from .claim import lane_keys
 from .claim_postgresql import lock_postgresql
 from .claim_rows import Claim, ClaimArgs, table
 from .report import report_success
-from .run import attempt
+from .run import attempt, has_expired, has_spent_attempts
 
 # One row's result, as ``passes.Result``: its status and outcome, or None when it was
 # handed back (a broker outage).
 Result = tuple[DeliveryStatus | None, Any] | None
 
-#: What ``send_batch`` answers for each row: None when it arrived, else why not.
+#: What a sent batch answers for each row: None when it arrived, else why not.
 Outcomes = dict[int, BaseException | None]
 
 
 class NotSent(Exception):
-    """A row ``send_batch`` left unsent (its event cannot be read here): it runs the
+    """A row ``prepare_batch`` left unsent (its event cannot be read here): it runs the
     usual way once claimed, where what is wrong with it is recorded."""
 
 
 def lockable_keys(lane: str | None) -> tuple[str, ...]:
     """The receivers of ``lane`` whose rows are claimed by row lock: those whose function
-    sends a batch (``send_batch``), neither ordered nor limited (their claims take
+    prepares batches (``prepare_batch``), neither ordered nor limited (their claims take
     other rows into account), on PostgreSQL; empty elsewhere."""
     if connections[database_alias()].vendor != "postgresql":
         return ()
@@ -68,7 +68,7 @@ def lockable_keys(lane: str | None) -> tuple[str, ...]:
         if r.durable
         and (keys is None or r.key in keys)
         and r.ordered_by is None
-        and callable(getattr(r.func, "send_batch", None))
+        and callable(getattr(r.func, "prepare_batch", None))
     ]
     held = {key for lm in limits.declared([r.key for r in candidates]) for key in lm.members}
     return tuple(sorted(r.key for r in candidates if r.key not in held))
@@ -151,20 +151,31 @@ class LockedBatch:
     connection: Any
     claims: list[Claim]
     args: ClaimArgs
+    _prepared: list[Any] | None = None  # each batch group's messages, once built
+    _unsent: Outcomes = field(default_factory=dict)  # the rows not to send, and why
 
-    def send(self) -> Callable[[], Outcomes]:
-        """Start sending every row that may be sent; returns what waits for the outcomes."""
-        outcomes: Outcomes = {}
+    def prepare(self) -> None:
+        """Build the messages of every row that may be sent (``send`` builds them if not
+        done yet): the relay builds a batch's while the one before is on its way."""
+        self._unsent = {}
         groups: dict[object, tuple[Any, list[Claim]]] = {}
+        tallied_from = tally.horizon()
         for claim in self.claims:
             receiver = registry.receiver(claim.receiver_key)
             func: Any = receiver.func if receiver is not None else None
-            sends = func is not None and callable(getattr(func, "send_batch", None))
-            if not sends or not _sendable(claim, self.args.now):
-                outcomes[claim.id] = NotSent()
+            sends = func is not None and callable(getattr(func, "prepare_batch", None))
+            if not sends or not _sendable(claim, self.args.now, tallied_from):
+                self._unsent[claim.id] = NotSent()
             else:
                 groups.setdefault(func.batch_group, (func, []))[1].append(claim)
-        waits = [func.send_batch(claims) for func, claims in groups.values()]
+        self._prepared = [func.prepare_batch(claims) for func, claims in groups.values()]
+
+    def send(self) -> Callable[[], Outcomes]:
+        """Start sending every row that may be sent; returns what waits for the outcomes."""
+        if self._prepared is None:
+            self.prepare()
+        outcomes: Outcomes = dict(self._unsent)
+        waits = [prepared.send() for prepared in self._prepared or ()]
 
         def wait() -> Outcomes:
             for waiting in waits:
@@ -231,14 +242,13 @@ class LockedBatch:
         return str(self.connection.ops.quote_name(table(DeliveryRecord)))
 
 
-def _sendable(claim: Claim, now: datetime) -> bool:
+def _sendable(claim: Claim, now: datetime, tallied_from: datetime) -> bool:
     """Whether the row may be sent and acknowledged here: not past its lifetime or its
-    attempts (the usual way dead-letters it), and no scheduled tally to change with it."""
-    if claim.expires_at is not None and now >= claim.expires_at:
+    attempts (the usual way dead-letters it), and no scheduled tally to change with it
+    (due from ``tallied_from`` on, ``tally.horizon``: a claim made ahead of the clock)."""
+    if has_expired(claim, now) or has_spent_attempts(claim):
         return False
-    if claim.max_attempts is not None and claim.attempts >= claim.max_attempts:
-        return False
-    return not tally.deltas(left=[(claim.receiver_key, claim.due_at)])
+    return not tally.is_tallied(claim.due_at, tallied_from)
 
 
 def _settle_others(claims: Sequence[Claim], outcomes: Outcomes, now: datetime) -> dict[int, Result]:

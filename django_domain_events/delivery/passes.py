@@ -25,7 +25,7 @@ from .claim import claim_batch, release, take_over
 from .claim_rows import Claim
 from .group import attempt_group
 from .lease import lane_lease
-from .locked import LockedBatch, LockedClaims, lockable_keys
+from .locked import LockedBatch, LockedClaims, Outcomes, lockable_keys
 from .outcomes import Outcome
 from .run import attempt, record_failure, settle_if_ended
 from .run import logger as delivery_logger
@@ -290,35 +290,58 @@ def _claim_lane(
 
 
 def _run_locked(state: Pass, lane: str, keys: tuple[str, ...], size: int, room: int | None) -> int:
-    """Batches of ``keys``' rows claimed by row lock (``locked.py``): each sent while the
-    next is locked on the other connection, up to ``AHEAD_BATCHES`` in one turn of the
-    lane; returns how many rows were claimed."""
+    """Batches of ``keys``' rows claimed by row lock (``locked.py``), up to
+    ``AHEAD_BATCHES`` in one turn of the lane; returns how many rows were claimed.
+
+    While one batch's confirms are outstanding the next is locked on the other
+    connection and its messages built; once every row of the batch arrived, the next is
+    sent before this one's acknowledgement is committed, so the commit waits on the
+    database while the broker takes the next. A batch with a row not confirmed is
+    settled before anything more is sent (its retries may then reorder a key's
+    messages, as any retry does)."""
     claimed = 0
     try:
         batch = _lock_lane(state, lane, keys, size, room, turn=0)
+        if not batch.claims:
+            batch.give_back()
+            return 0
+        waiting = batch.send()
         for turn in range(1, AHEAD_BATCHES + 1):
-            if not batch.claims:
-                batch.give_back()
-                break
             claimed += len(batch.claims)
             left = None if room is None else room - claimed
             more = len(batch.claims) == size and turn < AHEAD_BATCHES and left != 0
-            waiting = batch.send()
             ahead = _lock_lane(state, lane, keys, size, left, turn) if more else None
-            results = batch.settle(waiting(), state.in_hand)
-            state.in_hand = []
-            if _note_results(state, lane, batch.claims, results) or ahead is None:
-                if ahead is not None:
-                    ahead.give_back()
-                break
-            if state.stop() or state.lane_paused(lane):
+            if ahead is not None and not ahead.claims:
                 ahead.give_back()
+                ahead = None
+            elif ahead is not None:
+                ahead.prepare()  # its messages built while this batch is on its way
+            outcomes = waiting()
+            sent_ahead = False
+            if ahead is not None and _may_go_on(state, lane, outcomes):
+                waiting, sent_ahead = ahead.send(), True
+            results = batch.settle(outcomes, state.in_hand)
+            state.in_hand = []
+            paused = _note_results(state, lane, batch.claims, results)
+            if ahead is None:
                 break
+            if not sent_ahead:
+                if paused or not _may_go_on(state, lane, {}):
+                    ahead.give_back()
+                    break
+                waiting = ahead.send()
             batch = ahead
     except BaseException:
         state.locked.give_back()  # whatever was locked is owed again, uncharged
         raise
     return claimed
+
+
+def _may_go_on(state: Pass, lane: str, outcomes: Outcomes) -> bool:
+    """Whether the lane's next batch may be sent: every row before it arrived, and the
+    pass is neither stopping nor paused in this lane."""
+    arrived = all(outcome is None for outcome in outcomes.values())
+    return arrived and not state.stop() and not state.lane_paused(lane)
 
 
 def _lock_lane(

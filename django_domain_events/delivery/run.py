@@ -375,12 +375,24 @@ def settle_if_ended(
 ) -> Attempted | None:
     """Dead-letter, unrun, a claimed row past its lifetime or whose attempts were all spent
     (the last ones by lapses); None for a row that may still run or be handed to a task."""
-    if claim.expires_at is not None and now >= claim.expires_at:
+    if has_expired(claim, now):
+        assert claim.expires_at is not None
         reason = expired_reason(receiver, claim.expires_at)
         return _settle_unrun(alias, claim, DeliveryStatus.DEAD, reason, receiver)
-    if claim.max_attempts is not None and claim.attempts >= claim.max_attempts:
+    if has_spent_attempts(claim):
         return _settle_unrun(alias, claim, DeliveryStatus.DEAD, _lapsed_reason(claim), receiver)
     return None
+
+
+def has_expired(claim: Claim, now: datetime) -> bool:
+    """Whether ``claim`` is past its lifetime at ``now``: it is dead-lettered unrun."""
+    return claim.expires_at is not None and now >= claim.expires_at
+
+
+def has_spent_attempts(claim: Claim) -> bool:
+    """Whether every attempt of ``claim`` is spent (the last ones by lapses): it is
+    dead-lettered unrun."""
+    return claim.max_attempts is not None and claim.attempts >= claim.max_attempts
 
 
 def attempt(claim: Claim, *, now: datetime, decoded: dict[int, Any] | None = None) -> Attempted:

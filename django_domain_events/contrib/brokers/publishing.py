@@ -100,15 +100,15 @@ class Publication:
         while their confirms are outstanding; see the module docstring."""
         return deliver_batch(self.broker, claims, now=now, meanwhile=meanwhile)
 
-    def send_batch(self, claims: Sequence[Claim]) -> Callable[[], dict[int, BaseException | None]]:
-        """Send ``claims`` (rows of this broker held by row locks, ``delivery.locked``)
-        with confirms outstanding; returns what waits for each row's outcome."""
-        return send_batch(self.broker, claims)
+    def prepare_batch(self, claims: Sequence[Claim]) -> PreparedBatch:
+        """The messages of ``claims`` (rows of this broker held by row locks,
+        ``delivery.locked``), built to be sent with confirms outstanding."""
+        return prepare_batch(self.broker, claims)
 
     def settle_unsent(
         self, claims: Sequence[Claim], errors: Sequence[BaseException], *, now: datetime
     ) -> list[Result]:
-        """Settle rows sent by ``send_batch`` and not confirmed, now claimed: an outage's
+        """Settle rows sent by ``prepare_batch`` and not confirmed, now claimed: an outage's
         handed back uncharged, the others failed attempts with their reasons."""
         rows = [
             (claim, registry.receiver(claim.receiver_key), error)
@@ -178,6 +178,11 @@ class Row:
     expires_at: datetime | None
 
 
+# The message body's encoder, made once: ``json.dumps`` with these options builds a new
+# encoder at every call, a microsecond a message.
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def make_envelope(
     publication: Publication, evt: Any, row: Row, source: str | None = None
 ) -> envelope.Envelope:
@@ -189,7 +194,7 @@ def make_envelope(
         id=f"{row.event_id}.{row.delivery_id}",
         source=source if source is not None else event_source(),
         type=row.name,
-        data=json.dumps(row.payload, separators=(",", ":"), ensure_ascii=False).encode(),
+        data=_COMPACT_JSON.encode(row.payload).encode(),
         time=row.occurred_at,
         payloadversion=row.version,
         correlationid=row.correlation_id,
@@ -258,12 +263,10 @@ def deliver_batch(
     return [results[claim.id] for claim in claims]
 
 
-def send_batch(
-    broker: str, claims: Sequence[Claim]
-) -> Callable[[], dict[int, BaseException | None]]:
-    """Send every row of ``claims`` with confirms outstanding; what it returns waits for
-    them and answers each row's outcome: None when confirmed, ``NotSent`` for a row whose
-    event cannot be read for its ``key=`` (the usual run records why), else the error."""
+def prepare_batch(broker: str, claims: Sequence[Claim]) -> PreparedBatch:
+    """Build the message of every row of ``claims``, to be sent by ``PreparedBatch.send``.
+    A row whose event cannot be read for its ``key=`` is ``NotSent`` (the usual run
+    records why); one whose ``key=`` raised has that error as its outcome."""
     outcomes: dict[int, BaseException | None] = {}
     messages: list[tuple[Claim, Outgoing]] = []
     decoded: dict[int, Any] = {}
@@ -284,15 +287,31 @@ def send_batch(
             outcomes[claim.id] = error
             continue
         messages.append((claim, Outgoing(publication.to, env)))
-    sending = link(broker).submit([message for _, message in messages])
+    return PreparedBatch(broker, messages, outcomes)
 
-    def wait() -> dict[int, BaseException | None]:
-        confirmations = sending.wait()
-        for (claim, _), confirmation in zip(messages, confirmations, strict=True):
-            outcomes[claim.id] = confirmation
-        return outcomes
 
-    return wait
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A batch's messages, built and not yet sent: a relay builds the next batch's while
+    this one's confirms are outstanding (``delivery.locked``)."""
+
+    broker: str
+    messages: list[tuple[Claim, Outgoing]]
+    outcomes: dict[int, BaseException | None]  # the rows not sent, and why
+
+    def send(self) -> Callable[[], dict[int, BaseException | None]]:
+        """Send every message with confirms outstanding; what it returns waits for them
+        and answers each row's outcome: None when confirmed, else the error."""
+        sending = link(self.broker).submit([message for _, message in self.messages])
+
+        def wait() -> dict[int, BaseException | None]:
+            confirmations = sending.wait()
+            outcomes = dict(self.outcomes)
+            for (claim, _), confirmation in zip(self.messages, confirmations, strict=True):
+                outcomes[claim.id] = confirmation
+            return outcomes
+
+        return wait
 
 
 class _Lost(Exception):
