@@ -30,7 +30,7 @@ from django.test import override_settings
 
 from bench.events import Tick
 from bench.measure import reset_tables, settle_database
-from django_domain_events import deliver_pending, fire, registry, run_relay
+from django_domain_events import clock, deliver_pending, fire, registry, run_relay
 from django_domain_events.contrib.brokers import envelope, publish
 from django_domain_events.contrib.brokers.config import nats_stream_name
 from django_domain_events.contrib.brokers.links import close_all
@@ -186,12 +186,14 @@ def phases(events: int, batch: int) -> dict[str, float]:
 def raw(transport: str, events: int, batch: int) -> float:
     """Messages/s of the client library alone, the same envelopes, batches and confirms."""
     to = f"dde-bench-{uuid.uuid4().hex[:10]}"
-    messages = [
+    occurred = clock.now()
+    messages = [  # the attributes ours carries for a Tick, ``time`` included
         envelope.build(
             id=f"{n}.{n}",
             source="bench",
             type="bench.Tick",
             data=f'{{"n":{n}}}'.encode(),
+            time=occurred,
             payloadversion=1,
             correlationid=uuid.uuid4().hex,
         )

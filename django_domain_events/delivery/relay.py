@@ -145,9 +145,11 @@ def run_relay(
 
     Waits on LISTEN/NOTIFY where available with ``POLL_SECONDS`` as the floor; rides out
     the database going away; on SIGTERM/SIGINT hands back the unstarted rest of its batch
-    and returns. ``once`` returns as soon as a pass finds nothing owed, instead of waiting;
-    ``passes`` returns after that many passes; ``limit`` after that many rows. When idle it
-    calls ``prune`` (``prune_events`` unless given; ``None`` for none) at most every
+    and returns. On the main thread it owns the process until it returns: it takes those
+    signals and switches threads every ``SWITCH_INTERVAL_SECONDS``. ``once`` returns as
+    soon as a pass finds nothing owed, instead of waiting; ``passes`` returns after that
+    many passes; ``limit`` after that many rows. When idle it calls ``prune``
+    (``prune_events`` unless given; ``None`` for none) at most every
     ``RELAY_PRUNE_SECONDS``, if ``RELAY_PRUNE``. ``concurrency`` (default
     ``CONCURRENCY``) runs up to that many rows of each lane at once, each on its own
     connection; ``lane_concurrency`` sets it per lane. Its ``async def`` receivers and
@@ -188,8 +190,8 @@ def run_relay(
 # relay's thread that waited on a database reply while its broker client's thread, or a
 # receiver's, ran Python waits up to that long again at each reply: several times per
 # batch. A relay that owns its process (on the main thread) switches every millisecond:
-# publishing on NATS and Redis went 13,300 -> 15,200 and 11,700 -> 13,600 events/s
-# (bench section 14, "sixth pass"); a switch costs microseconds.
+# one relay publishing to NATS and Redis gained 7 and 4 % (bench/README.md section 14,
+# "sixth pass"); a switch costs microseconds.
 SWITCH_INTERVAL_SECONDS = 0.001
 
 
