@@ -474,9 +474,11 @@ def test_a_row_taken_over_before_its_acknowledgement_is_not_counted_as_sent(brok
 
 def test_a_batch_costs_the_same_queries_whatever_its_size(broker, monkeypatch):
     """The publish path is O(1) in queries per batch: no query per row (counted on every
-    connection the relay uses). A batch of 40 costs no more statements than a batch of
-    2 (the first call of a process has once cost one more, on RabbitMQ in full suites
-    only: the statements are in the message if it differs again)."""
+    connection the relay uses). A batch of 40 costs at most the statements of a batch of
+    2 plus one batch split: a row another transaction holds for a moment is skipped
+    (``SKIP LOCKED``) and taken by the next claim, a lock, an acknowledgement and a
+    claim more (seen in full suites, in the 2-row call: 9 statements against 8). A
+    query per row would cost 38 more."""
     transport, url, to = broker
     publish(Pinged, to=to, key=lambda evt: f"k{evt.n % 3}")
     counts, statements = [], []
@@ -488,8 +490,8 @@ def test_a_batch_costs_the_same_queries_whatever_its_size(broker, monkeypatch):
             done = deliver_pending(batch_size=size, lane="default", now=_a_moment_later())
         assert done[DeliveryStatus.SUCCEEDED] == size
         counts.append(len(sql))
-        statements.append([" ".join(s.split())[:90] for s in sql])
-    assert counts[1] <= counts[0], statements
+        statements.append("\n".join(" ".join(s.split())[:90] for s in sql))
+    assert counts[1] <= counts[0] + 3, "\n\n".join(statements)
     assert len(brokers.read(transport, url, to)) == 42
 
 

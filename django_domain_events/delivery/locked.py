@@ -151,8 +151,9 @@ class LockedBatch:
     connection: Any
     claims: list[Claim]
     args: ClaimArgs
-    _prepared: list[Any] | None = None  # each batch group's messages, once built
-    _unsent: Outcomes = field(default_factory=dict)  # the rows not to send, and why
+    # Each batch group's messages once built (``prepare``), and the rows not to send.
+    _prepared: list[Any] | None = field(default=None, init=False)
+    _unsent: Outcomes = field(default_factory=dict, init=False)
 
     def prepare(self) -> None:
         """Build the messages of every row that may be sent (``send`` builds them if not
