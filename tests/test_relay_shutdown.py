@@ -244,3 +244,22 @@ def test_a_relay_owning_its_process_switches_threads_every_millisecond() -> None
 
     assert seen == [SWITCH_INTERVAL_SECONDS, before]
     assert sys.getswitchinterval() == before
+
+
+def test_a_relay_whose_loop_raises_gives_back_the_callers_switch_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever escapes a relay that owns its process, the caller's thread switch
+    interval comes back with its signal handlers."""
+    import sys
+
+    from django_domain_events.delivery import relay
+
+    def fails(*args: object) -> None:
+        raise RuntimeError("the loop failed")
+
+    monkeypatch.setattr(relay, "on_relay_loop", fails)
+    before = sys.getswitchinterval()
+    with pytest.raises(RuntimeError, match="loop failed"):
+        run_relay(once=True, prune=None)
+    assert sys.getswitchinterval() == before

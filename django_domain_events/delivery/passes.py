@@ -25,7 +25,7 @@ from .claim import claim_batch, release, take_over
 from .claim_rows import Claim
 from .group import attempt_group
 from .lease import lane_lease
-from .locked import LockedBatch, LockedClaims, Outcomes, lockable_keys
+from .locked import LockedBatch, LockedClaims, lockable_keys
 from .outcomes import Outcome
 from .run import attempt, record_failure, settle_if_ended
 from .run import logger as delivery_logger
@@ -317,8 +317,9 @@ def _run_locked(state: Pass, lane: str, keys: tuple[str, ...], size: int, room: 
             elif ahead is not None:
                 ahead.prepare()  # its messages built while this batch is on its way
             outcomes = waiting()
+            arrived = all(outcome is None for outcome in outcomes.values())
             sent_ahead = False
-            if ahead is not None and _may_go_on(state, lane, outcomes):
+            if ahead is not None and arrived and _may_go_on(state, lane):
                 waiting, sent_ahead = ahead.send(), True
             results = batch.settle(outcomes, state.in_hand)
             state.in_hand = []
@@ -326,7 +327,7 @@ def _run_locked(state: Pass, lane: str, keys: tuple[str, ...], size: int, room: 
             if ahead is None:
                 break
             if not sent_ahead:
-                if paused or not _may_go_on(state, lane, {}):
+                if paused or not _may_go_on(state, lane):
                     ahead.give_back()
                     break
                 waiting = ahead.send()
@@ -337,11 +338,9 @@ def _run_locked(state: Pass, lane: str, keys: tuple[str, ...], size: int, room: 
     return claimed
 
 
-def _may_go_on(state: Pass, lane: str, outcomes: Outcomes) -> bool:
-    """Whether the lane's next batch may be sent: every row before it arrived, and the
-    pass is neither stopping nor paused in this lane."""
-    arrived = all(outcome is None for outcome in outcomes.values())
-    return arrived and not state.stop() and not state.lane_paused(lane)
+def _may_go_on(state: Pass, lane: str) -> bool:
+    """Whether the pass may send the lane's next batch: neither stopping nor paused in it."""
+    return not state.stop() and not state.lane_paused(lane)
 
 
 def _lock_lane(
