@@ -531,7 +531,39 @@ def _statements_before_the_first_acknowledgement(monkeypatch, size: int, events:
         done = deliver_pending(batch_size=size, lane="default", now=_a_moment_later())
     assert done[DeliveryStatus.SUCCEEDED] == events
     first_ack = next(i for i, s in enumerate(sql) if "succeeded_at = " in s)
-    return sum("claim_position" in s for s in sql[:first_ack])
+    # a claim: the usual one stamps claim_position, one by row lock picks rows FOR UPDATE
+    return sum("claim_position" in s or "WITH picked AS" in s for s in sql[:first_ack])
+
+
+@pytest.mark.parametrize(("turn_seconds", "published_first"), [(0.0, 5), (60.0, 60)])
+def test_a_publishing_lane_gives_the_other_lanes_their_turn_when_its_time_is_up(
+    broker, monkeypatch, turn_seconds, published_first
+):
+    """A lane's full batches follow one another for ``TURN_SECONDS``, then the relay's
+    other lanes get their turn: at once with no time (one batch of five published), not
+    until all 60 are published with a minute (eight batches was the old bound: 40)."""
+    from django_domain_events.delivery import passes
+
+    transport, url, to = broker
+    publish(Pinged, to=to)  # lane "default", which takes its turn first
+    published = DeliveryRecord.objects.filter(
+        status="succeeded", receiver_key__startswith="brokers:"
+    )
+    seen: list[int] = []
+    receiver(OrderPlaced, key="tests.other_lane", lane="other")(
+        lambda evt: seen.append(published.count())
+    )
+    with transaction.atomic():
+        for n in range(60):
+            fire(Pinged(n=n))
+        fire(OrderPlaced(order_id=1))
+    monkeypatch.setattr(passes, "TURN_SECONDS", turn_seconds)
+
+    counts = deliver_pending(batch_size=5, now=_a_moment_later())
+
+    assert seen == [published_first]
+    assert counts[DeliveryStatus.SUCCEEDED] == 61
+    assert len(brokers.read(transport, url, to)) == 60
 
 
 def test_the_next_batch_is_claimed_while_the_confirms_are_outstanding(broker, monkeypatch):

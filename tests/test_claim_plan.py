@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -20,7 +21,9 @@ from django.utils import timezone
 from django_domain_events import fire, priority, receiver
 from django_domain_events.delivery import limits
 from django_domain_events.delivery.claim import claim_batch
-from django_domain_events.models import DeliveryRecord
+from django_domain_events.delivery.claim_postgresql import lock_postgresql
+from django_domain_events.delivery.claim_rows import ClaimArgs
+from django_domain_events.models import DeliveryRecord, EventRecord
 from tests.app.events import OrderPlaced
 from tests.conftest import needs_postgresql
 
@@ -194,3 +197,55 @@ def test_the_rest_of_a_lane_reads_each_receivers_index_past_a_limited_backlog() 
         .values_list("id", flat=True)[:30]
     )
     assert [c.id for c in claims[2:]] == list(oldest)
+
+
+# One owed row per event, as a publisher's outbox is: the planner was free to hash the
+# whole event log (and, for a claim by row lock, the whole delivery table) instead of
+# reading each row's event by its key, and did on a log of 10,000 events.
+_SEED_EVENTS = """
+WITH events AS (
+    INSERT INTO {event} (name, version, payload, occurred_at, recorded_at, actor_key,
+        actor_label, scope, correlation_id, suppressed_reason, delete_when, trace_context)
+    SELECT 'testapp.OrderPlaced', 1, jsonb_build_object('order_id', g), %(now)s, %(now)s,
+           '', '', '{{}}'::jsonb, md5(g::text), '', '', ''
+    FROM generate_series(1, %(n)s) AS g
+    RETURNING id
+)
+INSERT INTO {delivery} (event_id, receiver_key, target, status, attempts, max_attempts,
+    available_at, due_at, priority_credit, claim_rank, claimed_by, claim_position,
+    last_error)
+SELECT id, 'plan.bulk', '', 'pending', 0, 10, %(now)s, %(now)s, 0,
+       floor(extract(epoch FROM %(now)s::timestamptz) * 1000000)::bigint, '', 0, ''
+FROM events
+"""
+
+
+def test_every_claim_reads_its_rows_events_by_their_key_whatever_the_logs_size() -> None:
+    receiver(OrderPlaced, key="plan.bulk")(lambda evt: None)
+    now = timezone.now()
+    quote = connection.ops.quote_name
+    event, delivery = quote(EventRecord._meta.db_table), quote(DeliveryRecord._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _SEED_EVENTS.format(event=event, delivery=delivery), {"now": now, "n": 10_000}
+        )
+        cursor.execute(f"ANALYZE {event}")
+        cursor.execute(f"ANALYZE {delivery}")
+    later = now + timedelta(seconds=1)
+    args = ClaimArgs(
+        "w", later, later + timedelta(seconds=60), 500, ("plan.bulk",), None, (), None, False
+    )
+    (usual,) = claim_plans(
+        lambda: claim_batch(worker_id="w", now=later, lease=60, limit=500, lane="default")
+    )
+    (by_lock,) = claim_plans(lambda: lock_postgresql(connection, args))
+    # The claim by row lock reads the delivery table only through its rank index (the
+    # usual claim's writes may still hash a table this small: measured, not its events).
+    seq = [n for n in nodes(by_lock) if n["Node Type"] == "Seq Scan"]
+    assert not seq, json.dumps(by_lock, indent=1)
+    assert_reads_the_index(by_lock, "dde_delivery_claim_rank", "dde_delivery_key_rank")
+    for plan in (usual, by_lock):
+        reads = [n for n in nodes(plan) if n.get("Relation Name") == EventRecord._meta.db_table]
+        assert [(n["Node Type"], n["Index Name"]) for n in reads] == [
+            ("Index Scan", f"{EventRecord._meta.db_table}_pkey")
+        ], json.dumps(plan, indent=1)

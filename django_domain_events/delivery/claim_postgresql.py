@@ -76,22 +76,32 @@ WITH picked AS ({picked}
 )
 SELECT c.id, c.event_id, c.receiver_key, c.target, c.attempts, c.max_attempts,
        {micros_due}, {micros_expires}, e.name, e.version,
-       CASE WHEN octet_length(p.text) <= %(inline)s THEN p.text END, {micros_occurred},
+       CASE WHEN octet_length(e.text) <= %(inline)s THEN e.text END, {micros_occurred},
        e.actor_key, e.actor_label, e.scope::text, e.correlation_id, c.last_error,
        e.trace_context, e.causation_id, c.alone
-FROM claimed AS c JOIN {event} AS e ON e.id = c.event_id
--- The stored size first: a payload far too large is never turned into text here.
-CROSS JOIN LATERAL (
-    SELECT CASE WHEN pg_column_size(e.payload) <= %(inline)s THEN e.payload::text END AS text
-) AS p
+FROM claimed AS c
+CROSS JOIN LATERAL ({event_of_row}) AS e
 ORDER BY c.was_rank, c.id
 """
 
+# The event of each claimed row ``c``, read by its primary key. A lateral subquery with
+# a LIMIT is never flattened into a join, so the planner cannot choose to hash the whole
+# event log instead (it did, on a log of 10,000 events): the log grows without bound,
+# a claim reads only its rows' events. The payload's stored size is looked at first: a
+# payload far too large is never turned into text here.
+_EVENT_OF_ROW = """
+    SELECT name, version, occurred_at, actor_key, actor_label, scope, correlation_id,
+           trace_context, causation_id,
+           CASE WHEN pg_column_size(payload) <= %(inline)s THEN payload::text END AS text
+    FROM {event} WHERE id = c.event_id LIMIT 1
+"""
 
-# The owed rows a claim takes, in rank order, read from the rank index.
+
+# The owed rows a claim takes, in rank order, read from the rank index, with
+# ``columns``: what the claim's lapse rule reads of each (``_CLAIM_COLUMNS``), or what
+# a claim by row lock returns (``_LOCK_COLUMNS``).
 _PICKED = """
-    SELECT id, claim_rank AS was_rank, status AS was_status, claimed_by AS was_by,
-           claimed_at AS was_at, claim_position AS was_position, receiver_key
+    SELECT id, claim_rank AS was_rank, {columns}
     FROM {delivery}
     WHERE status IN {owed} AND {due} {filters}
     ORDER BY {order}
@@ -110,6 +120,11 @@ _PICKED_PER_KEY = """
     ORDER BY x.was_rank, x.id
     LIMIT %(limit)s"""
 PER_KEY_MOST = 4
+
+_CLAIM_COLUMNS = """status AS was_status, claimed_by AS was_by, claimed_at AS was_at,
+           claim_position AS was_position, receiver_key"""
+_LOCK_COLUMNS = """event_id, receiver_key, target, attempts, max_attempts, due_at,
+           expires_at, last_error"""
 
 
 def claim_postgresql(alias: str, args: ClaimArgs) -> list[Claim]:
@@ -175,6 +190,7 @@ def claim_postgresql(alias: str, args: ClaimArgs) -> list[Claim]:
     old_claim = ("p.was_status", "p.was_position", "p.was_by", "p.was_at", "p.receiver_key")
     sql = _POSTGRESQL_CLAIM.format(
         picked=picked.format(
+            columns=_CLAIM_COLUMNS,
             delivery=delivery,
             owed=STATUS_SQL["owed"],
             due=due,
@@ -182,7 +198,7 @@ def claim_postgresql(alias: str, args: ClaimArgs) -> list[Claim]:
             order=order,
         ),
         delivery=delivery,
-        event=connection.ops.quote_name(table(EventRecord)),
+        event_of_row=_EVENT_OF_ROW.format(event=connection.ops.quote_name(table(EventRecord))),
         running=running_sql(
             dict(zip(ROW_COLUMNS, old_claim, strict=True)), delivery=delivery, is_task=_pg_is_task
         ),
@@ -204,17 +220,14 @@ def claim_postgresql(alias: str, args: ClaimArgs) -> list[Claim]:
 _POSTGRESQL_LOCK = """
 WITH picked AS ({picked}
 )
-SELECT d.id, d.event_id, d.receiver_key, d.target, d.attempts, d.max_attempts,
+SELECT c.id, c.event_id, c.receiver_key, c.target, c.attempts, c.max_attempts,
        {micros_due}, {micros_expires}, e.name, e.version,
-       CASE WHEN octet_length(p.text) <= %(inline)s THEN p.text END, {micros_occurred},
-       e.actor_key, e.actor_label, e.scope::text, e.correlation_id, d.last_error,
+       CASE WHEN octet_length(e.text) <= %(inline)s THEN e.text END, {micros_occurred},
+       e.actor_key, e.actor_label, e.scope::text, e.correlation_id, c.last_error,
        e.trace_context, e.causation_id, false
-FROM picked JOIN {delivery} AS d ON d.id = picked.id
-JOIN {event} AS e ON e.id = d.event_id
-CROSS JOIN LATERAL (
-    SELECT CASE WHEN pg_column_size(e.payload) <= %(inline)s THEN e.payload::text END AS text
-) AS p
-ORDER BY picked.was_rank, picked.id
+FROM picked AS c
+CROSS JOIN LATERAL ({event_of_row}) AS e
+ORDER BY c.was_rank, c.id
 """
 
 
@@ -236,16 +249,16 @@ def lock_postgresql(connection: Any, args: ClaimArgs) -> list[Claim]:
         params["exclude"] = list(args.exclude)
     sql = _POSTGRESQL_LOCK.format(
         picked=_PICKED.format(
+            columns=_LOCK_COLUMNS,
             delivery=delivery,
             owed=STATUS_SQL["owed"],
             due=_due_sql(args.ignore_backoff),
             filters=" ".join(filters),
             order="claim_rank, id",
         ),
-        delivery=delivery,
-        event=connection.ops.quote_name(table(EventRecord)),
-        micros_due=_micros("d.due_at"),
-        micros_expires=_micros("d.expires_at"),
+        event_of_row=_EVENT_OF_ROW.format(event=connection.ops.quote_name(table(EventRecord))),
+        micros_due=_micros("c.due_at"),
+        micros_expires=_micros("c.expires_at"),
         micros_occurred=_micros("e.occurred_at"),
     )
     with connection.cursor() as cursor:

@@ -8,6 +8,7 @@ a pause or a stop, and every row not yet settled when something escapes.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import socket
 import time
@@ -229,16 +230,24 @@ def deliver_pending(
 
 
 # A lane's full batch that ends in a broker publish claims the lane's next batch while
-# the publish's confirms are outstanding, and runs it next: at most this many batches
-# in one turn of the lane, before the other lanes get theirs.
-AHEAD_BATCHES = 8
+# the publish's confirms are outstanding, and runs it next: batches follow one another
+# so for at most this long, one turn of the lane, before the other lanes get theirs.
+# Ending a turn empties the pipeline (the next turn's first batch is sent with nothing
+# claimed ahead of it): a turn of eight 500-row batches lost a tenth of a relay's
+# publishing, and another lane waits at most about this long.
+TURN_SECONDS = 1.0
+
+
+def _turn_ends(began: float) -> bool:
+    """Whether a lane's turn that began at ``began`` (monotonic) has had its time."""
+    return time.monotonic() - began >= TURN_SECONDS
 
 
 def run_lane_batch(state: Pass, lane: str, size: int, room: int | None = None) -> int:
     """Claim one batch in ``lane`` and run it; returns how many rows were claimed.
 
     The rows of receivers that settle by row lock (``locked.py``) are claimed apart,
-    first; a publish overlaps the next claim with its confirms (see ``AHEAD_BATCHES``).
+    first; a publish overlaps the next claim with its confirms (see ``TURN_SECONDS``).
     """
     if state.lane_paused(lane):
         return 0
@@ -252,12 +261,13 @@ def run_lane_batch(state: Pass, lane: str, size: int, room: int | None = None) -
 
 def _run_claimed(state: Pass, lane: str, size: int, room: int | None, skip: tuple[str, ...]) -> int:
     """The lane's rows claimed the usual way (all but ``skip``'s), a batch at a time."""
+    began = time.monotonic()
     claims, now = _claim_lane(state, lane, size, room, skip)
     claimed = 0
-    for turn in range(1, AHEAD_BATCHES + 1):
+    while True:
         claimed += len(claims)
         left = None if room is None else room - claimed
-        more = len(claims) == size and turn < AHEAD_BATCHES and left != 0
+        more = len(claims) == size and not _turn_ends(began) and left != 0
         ahead = _Ahead(state, lane, size, left, skip) if more else None
         state.in_hand = list(claims)  # kept if the batch fails, for the relay to hand back
         run_batch(state, lane, claims, now, ahead)
@@ -290,8 +300,8 @@ def _claim_lane(
 
 
 def _run_locked(state: Pass, lane: str, keys: tuple[str, ...], size: int, room: int | None) -> int:
-    """Batches of ``keys``' rows claimed by row lock (``locked.py``), up to
-    ``AHEAD_BATCHES`` in one turn of the lane; returns how many rows were claimed.
+    """Batches of ``keys``' rows claimed by row lock (``locked.py``), one after another
+    for at most ``TURN_SECONDS``; returns how many rows were claimed.
 
     While one batch's confirms are outstanding the next is locked on the other
     connection and its messages built; once every row of the batch arrived, the next is
@@ -299,17 +309,17 @@ def _run_locked(state: Pass, lane: str, keys: tuple[str, ...], size: int, room: 
     database while the broker takes the next. A batch with a row not confirmed is
     settled before anything more is sent (its retries may then reorder a key's
     messages, as any retry does)."""
-    claimed = 0
+    claimed, began = 0, time.monotonic()
     try:
         batch = _lock_lane(state, lane, keys, size, room, turn=0)
         if not batch.claims:
             batch.give_back()
             return 0
         waiting = batch.send()
-        for turn in range(1, AHEAD_BATCHES + 1):
+        for turn in itertools.count(1):
             claimed += len(batch.claims)
             left = None if room is None else room - claimed
-            more = len(batch.claims) == size and turn < AHEAD_BATCHES and left != 0
+            more = len(batch.claims) == size and not _turn_ends(began) and left != 0
             ahead = _lock_lane(state, lane, keys, size, left, turn) if more else None
             if ahead is not None and not ahead.claims:
                 ahead.give_back()
