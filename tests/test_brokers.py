@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import time
 from datetime import timedelta
 from decimal import Decimal
@@ -564,6 +565,46 @@ def test_a_publishing_lane_gives_the_other_lanes_their_turn_when_its_time_is_up(
     assert seen == [published_first]
     assert counts[DeliveryStatus.SUCCEEDED] == 61
     assert len(brokers.read(transport, url, to)) == 60
+
+
+def test_sigterm_in_a_long_publishing_turn_stops_the_relay_within_a_batch(broker, monkeypatch):
+    """A lane's turn may run for a minute of batches, yet SIGTERM, taken as the first
+    batch is acknowledged, stops the relay after the batch already sent ahead: the next
+    one, locked and built, is handed back unsent and uncharged, and every acknowledged
+    row is on the broker."""
+    import signal
+
+    from django_domain_events import signals
+    from django_domain_events.delivery import passes
+    from django_domain_events.delivery.relay import run_relay
+
+    transport, url, to = broker
+    publish(Pinged, to=to)
+    with transaction.atomic():
+        for n in range(300):
+            fire(Pinged(n=n))
+    monkeypatch.setattr(passes, "TURN_SECONDS", 60.0)
+    terms: list[int] = []
+
+    def terminate_once(**kwargs):
+        if not terms:
+            terms.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signals.delivery_succeeded.connect(terminate_once, weak=False)
+    try:
+        run_relay(batch_size=20, prune=None)
+    finally:
+        signals.delivery_succeeded.disconnect(terminate_once)
+
+    found = brokers.read(transport, url, to)
+    rows = DeliveryRecord.objects.filter(receiver_key__startswith="brokers:")
+    acknowledged = set(rows.filter(status="succeeded").values_list("id", flat=True))
+    assert 20 <= len(found) <= 40  # the first batch, and the one sent ahead of its ack
+    assert {int(env.id.split(".")[1]) for _, env in found} == acknowledged
+    left = rows.exclude(status="succeeded")
+    assert left.count() == 300 - len(acknowledged)
+    assert set(left.values_list("status", "attempts")) == {("pending", 0)}
 
 
 def test_the_next_batch_is_claimed_while_the_confirms_are_outstanding(broker, monkeypatch):

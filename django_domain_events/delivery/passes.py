@@ -147,6 +147,11 @@ class Pass:
         if self.relay:
             record_pause(lane, self.worker_id, seconds)
 
+    def may_go_on(self, lane: str) -> bool:
+        """Whether the pass may take or send ``lane``'s next batch: it is neither
+        stopping nor paused there."""
+        return not self.stop() and not self.lane_paused(lane)
+
     def lane_paused(self, lane: str) -> bool:
         until = self.paused_until.get(lane)
         if until is None:
@@ -254,7 +259,7 @@ def run_lane_batch(state: Pass, lane: str, size: int, room: int | None = None) -
     locked = lockable_keys(lane)
     claimed = _run_locked(state, lane, locked, size, room) if locked else 0
     left = None if room is None else room - claimed
-    if left == 0 or state.stop() or state.lane_paused(lane):
+    if left == 0 or not state.may_go_on(lane):
         return claimed
     return claimed + _run_claimed(state, lane, size, left, skip=locked)
 
@@ -275,7 +280,7 @@ def _run_claimed(state: Pass, lane: str, size: int, room: int | None, skip: tupl
         if ahead is None or not ahead.claims:
             break
         claims, now = ahead.claims, ahead.now
-        if state.stop() or state.lane_paused(lane):
+        if not state.may_go_on(lane):
             release(claims)
             break
     return claimed
@@ -329,7 +334,7 @@ def _run_locked(state: Pass, lane: str, keys: tuple[str, ...], size: int, room: 
             outcomes = waiting()
             arrived = all(outcome is None for outcome in outcomes.values())
             sent_ahead = False
-            if ahead is not None and arrived and _may_go_on(state, lane):
+            if ahead is not None and arrived and state.may_go_on(lane):
                 waiting, sent_ahead = ahead.send(), True
             results = batch.settle(outcomes, state.in_hand)
             state.in_hand = []
@@ -337,7 +342,7 @@ def _run_locked(state: Pass, lane: str, keys: tuple[str, ...], size: int, room: 
             if ahead is None:
                 break
             if not sent_ahead:
-                if paused or not _may_go_on(state, lane):
+                if paused or not state.may_go_on(lane):
                     ahead.give_back()
                     break
                 waiting = ahead.send()
@@ -346,11 +351,6 @@ def _run_locked(state: Pass, lane: str, keys: tuple[str, ...], size: int, room: 
         state.locked.give_back()  # whatever was locked is owed again, uncharged
         raise
     return claimed
-
-
-def _may_go_on(state: Pass, lane: str) -> bool:
-    """Whether the pass may send the lane's next batch: neither stopping nor paused in it."""
-    return not state.stop() and not state.lane_paused(lane)
 
 
 def _lock_lane(

@@ -217,7 +217,7 @@ class Pools:
             room = workers.free()
             if limit is not None:
                 room = min(room, limit - state.claimed)
-            if state.stop() or room <= 0 or state.lane_paused(lane):
+            if room <= 0 or not state.may_go_on(lane):
                 continue
             claims = claim_batch(
                 worker_id=state.worker_id,
