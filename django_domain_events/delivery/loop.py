@@ -20,7 +20,8 @@ shared client's background task), but it must not use the ORM once its receiver 
 returned: asgiref runs the query on the relay's thread when that thread is next free
 for it, inside a later delivery's transaction or only as the relay stops.
 ``refusing_detached`` makes such a query fail loudly when it comes to run, naming the
-receiver (``ReceiverCall``, carried by the task's context).
+receiver (``ReceiverCall``, carried by the task's context); a query queued before the
+body returned runs (and is refused) before the loop cancels its task.
 """
 
 from __future__ import annotations
@@ -102,6 +103,15 @@ def on_relay_loop(body: Callable[[asyncio.AbstractEventLoop], T]) -> T:
     """``body(loop)`` in this thread, while ``loop`` runs in another until it returns."""
 
     async def host() -> T:
-        return await sync_to_async(body, thread_sensitive=True)(asyncio.get_running_loop())
+        result = await sync_to_async(body, thread_sensitive=True)(asyncio.get_running_loop())
+        # The queries left tasks queued for this thread meanwhile come first in its queue:
+        # once this no-op has run, each was refused and logged, not cancelled unseen with
+        # its task as the loop closes.
+        await sync_to_async(_nothing, thread_sensitive=True)()
+        return result
 
     return async_to_sync(host, force_new_loop=True)()
+
+
+def _nothing() -> None:
+    """A call that only waits its turn on the relay's thread."""
