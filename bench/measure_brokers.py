@@ -4,8 +4,9 @@ client loop publishing the same messages with confirms, batched the same way.
 Ours: ``run_relay(once=True, batch_size=B)`` over N owed rows of ``publish(Tick, to=...)``,
 the loop of ``manage.py deliver_events`` on the main thread as there (claim a batch by
 row lock, build the CloudEvents, send them with every confirm outstanding, await them,
-acknowledge the batch in one ``UPDATE``), and on one broker the same with the usual
-claim, which stamps every row claimed first. Raw: the same
+acknowledge the batch in one ``UPDATE``; for NATS and Redis the client runs in the
+relay's child process, ``PUBLISHER_PROCESS``'s default), and on one broker the same
+with the usual claim, which stamps every row claimed first. Raw: the same
 envelopes, built beforehand, sent by the same client library in batches of B, each
 batch's confirms awaited before the next: no database at all. Brokers are the machine's
 (``DDE_AMQP_URL``, ``DDE_NATS_URL``, ``DDE_REDIS_URL``); a broker that is not reachable

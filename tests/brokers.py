@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import uuid
+from collections.abc import Callable
 from contextlib import suppress
 from urllib.parse import urlsplit
 
@@ -194,3 +196,33 @@ async def _redis_remove(url: str, to: str) -> None:
 
 
 _removers = {"rabbitmq": _rabbit_remove, "nats": _nats_remove, "redis": _redis_remove}
+
+
+# ------------------------------------------------------------------ relaying
+
+
+def relay_until_published(
+    count: int, each: Callable[[int], None] = lambda done: None, batch_size: int = 100
+) -> int:
+    """Run a relay in this thread until ``count`` rows are acknowledged (two minutes at
+    most), calling ``each(acknowledged so far)`` after every acknowledgement; the count."""
+    from django_domain_events import signals
+    from django_domain_events.delivery.relay import run_relay
+
+    done, give_up = [0], threading.Event()
+
+    def acknowledged(**kwargs: object) -> None:
+        done[0] += 1
+        each(done[0])
+
+    timer = threading.Timer(120, give_up.set)
+    timer.start()
+    signals.delivery_succeeded.connect(acknowledged, weak=False)
+    try:
+        run_relay(
+            batch_size=batch_size, prune=None, stop=lambda: done[0] >= count or give_up.is_set()
+        )
+    finally:
+        signals.delivery_succeeded.disconnect(acknowledged)
+        timer.cancel()
+    return done[0]

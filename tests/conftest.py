@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -114,6 +115,43 @@ def start_together(
         wait_for((signals / f"ready-{i}").exists, 120, f"child {i} of {script} to boot")
     go.touch()
     return children
+
+
+def stop_child(child: subprocess.Popen[str], timeout: float = 30) -> None:
+    """SIGTERM ``child`` and wait for it to stop; killed if it takes over ``timeout``."""
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait(10)
+
+
+def children_of(pid: int, program: str) -> list[int]:
+    """The processes running ``program`` (a module's name in their command line) with
+    ``pid`` as their parent, read from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # ended meanwhile
+            continue
+        state, parent = stat.rsplit(")", 1)[1].split()[:2]
+        if int(parent) == pid and program in command and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether the process ``pid`` runs (not ended, not a zombie)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:

@@ -181,3 +181,56 @@ def test_manage_py_check_warns_of_broker_timeouts_that_outlast_the_lease():
     assert warning.msg.startswith("Broker 'slow' may keep a relay waiting 67s for one batch")
     assert "LEASE_SECONDS = 120" in warning.msg
     assert warning.hint == "Raise LEASE_SECONDS, or lower the broker's timeouts."
+
+
+#: Each option that moves a broker's client into a child process, and whose client.
+CLIENT_PROCESS_OPTIONS = [("CONSUMER_PROCESS", "consumer"), ("PUBLISHER_PROCESS", "publisher")]
+
+
+@pytest.mark.parametrize(("option", "client"), CLIENT_PROCESS_OPTIONS)
+@pytest.mark.parametrize(
+    ("url", "value", "message"),
+    [
+        ("nats://h", "yes", "['{option}'] must be True or False, not 'yes'"),
+        ("redis://h", 1, "['{option}'] must be True or False, not 1"),
+        (
+            "amqp://h/",
+            True,
+            "= True: {option} is an option of nats and redis brokers only "
+            "(rabbitmq {client}s keep up in the process); remove it.",
+        ),
+    ],
+)
+def test_a_client_process_option_is_a_bool_of_nats_and_redis_brokers(
+    option, client, url, value, message
+):
+    found = config.problems({"b": {"URL": url, option: value}}, installed=False)
+    assert len(found) == 1 and message.format(option=option, client=client) in found[0], found
+    assert "['BROKERS']['b']" in found[0]
+
+
+@pytest.mark.parametrize(("option", "client"), CLIENT_PROCESS_OPTIONS)
+def test_manage_py_check_names_a_bad_client_process_option_and_the_fix(option, client):
+    from django.core import checks
+
+    with brokers(js={"URL": "nats://127.0.0.1:1", option: "no"}):
+        found = [m for m in checks.run_checks(databases=[]) if m.id == "django_domain_events.E020"]
+    assert [m.msg for m in found] == [
+        f"DJANGO_DOMAIN_EVENTS['BROKERS']['js']['{option}'] must be True or False, "
+        f"not 'no'; e.g. {{'{option}': False}} to run the {client}'s client on the "
+        "process's broker thread."
+    ]
+
+
+@pytest.mark.parametrize(("option", "client"), CLIENT_PROCESS_OPTIONS)
+def test_a_client_process_defaults_to_a_child_for_nats_and_redis(option, client):
+    entries = {
+        "js": {"URL": "nats://h"},
+        "streams": {"URL": "redis://h", option: False},
+        "queues": {"URL": "amqp://h/"},
+    }
+    assert config.problems(entries, installed=False) == []
+    with brokers(**entries):
+        configs = config.brokers()
+    in_child = {name: getattr(c, f"{client}_process") for name, c in configs.items()}
+    assert in_child == {"js": True, "streams": False, "queues": False}

@@ -607,6 +607,37 @@ def test_sigterm_in_a_long_publishing_turn_stops_the_relay_within_a_batch(broker
     assert set(left.values_list("status", "attempts")) == {("pending", 0)}
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the relay's own connections")
+def test_the_database_lost_with_batches_locked_and_on_their_way_charges_nothing(broker):
+    """Every other connection of the relay (those that claim and acknowledge) terminated
+    as the first batch is acknowledged, with the next batches locked and on their way to
+    the broker: their rows are sent again, not charged, and every row ends acknowledged
+    once with its message on the broker."""
+    transport, url, to = broker
+    publish(Pinged, to=to)
+    with transaction.atomic():
+        for n in range(400):
+            fire(Pinged(n=n))
+    cut: list[int] = []
+
+    def cut_the_relay_off(done: int) -> None:
+        if not cut:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                cut.extend(n for (n,) in cursor.fetchall() if n)
+
+    assert brokers.relay_until_published(400, cut_the_relay_off, batch_size=20) == 400
+
+    assert cut  # at least one connection was cut
+    rows = DeliveryRecord.objects.filter(receiver_key__startswith="brokers:")
+    assert set(rows.values_list("status", "attempts")) == {("succeeded", 1)}
+    found = brokers.read(transport, url, to)
+    assert {int(env.id.split(".")[1]) for _, env in found} == set(rows.values_list("id", flat=True))
+
+
 def test_the_next_batch_is_claimed_while_the_confirms_are_outstanding(broker, monkeypatch):
     """Pipelining: a full batch's publish overlaps the lane's next claim, which is
     therefore made before the batch is acknowledged; every row still gets published."""

@@ -33,7 +33,14 @@ from django_domain_events.inbox import forget
 from django_domain_events.models import EventRecord
 from tests.app.events import OrderPlaced
 from tests.brokers import broker_entry, remove, require
-from tests.conftest import needs_several_relays, start_child, wait_for
+from tests.conftest import (
+    children_of,
+    needs_several_relays,
+    running,
+    start_child,
+    stop_child,
+    wait_for,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,31 +63,6 @@ def source(kind) -> Iterator[str]:
     for suffix in ("-in", "-b"):
         forget(f"{name}{suffix}")
     remove(kind, require(kind), name)
-
-
-def children_of(pid: int) -> list[int]:
-    """The consumer children running with ``pid`` as their parent (read from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:  # ended meanwhile
-            continue
-        state, parent = stat.rsplit(")", 1)[1].split()[:2]
-        if int(parent) == pid and CHILD in command and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
-def running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def send(to: str, count: int) -> None:
@@ -131,7 +113,7 @@ def test_a_child_killed_mid_stream_loses_nothing_and_records_each_message_once(
     def on_batch(_: object, counts: Counter[str]) -> None:
         done.update(counts)
         if not killed and done["recorded"] >= 500:
-            (child,) = children_of(os.getpid())
+            (child,) = children_of(os.getpid(), CHILD)
             os.kill(child, signal.SIGKILL)
             killed.append(child)
         if done["recorded"] >= MESSAGES:
@@ -146,7 +128,7 @@ def test_a_child_killed_mid_stream_loses_nothing_and_records_each_message_once(
     assert killed and not running(killed[0])
     assert done["recorded"] == MESSAGES, done
     recorded_once(f"{source}-in", MESSAGES)
-    assert children_of(os.getpid()) == []  # the consumer's stop ended its child
+    assert children_of(os.getpid(), CHILD) == []  # the consumer's stop ended its child
 
 
 @needs_several_relays
@@ -163,8 +145,8 @@ def test_a_consumer_process_killed_leaves_no_child_and_the_next_finishes_the_str
     try:
         first = start_child("services", "consume", source, env=env, output=output)
         try:
-            wait_for(lambda: len(children_of(first.pid)) == 1, 60, "the consumer's child")
-            (child,) = children_of(first.pid)
+            wait_for(lambda: len(children_of(first.pid, CHILD)) == 1, 60, "the consumer's child")
+            (child,) = children_of(first.pid, CHILD)
             send(source, MESSAGES)
             # The rows, not the counts the child writes after each commit: a kill between
             # the two would leave the counts short for ever.
@@ -175,69 +157,16 @@ def test_a_consumer_process_killed_leaves_no_child_and_the_next_finishes_the_str
         wait_for(lambda: not running(child), 10, f"the orphaned child {child} to exit")
         second = start_child("services", "consume", source, env=env, output=output)
         try:
+            wait_for(lambda: len(children_of(second.pid, CHILD)) == 1, 60, "its child")
+            (second_child,) = children_of(second.pid, CHILD)
             wait_for(lambda: rows.count() >= MESSAGES, 120, "the rest of the stream recorded")
             time.sleep(1)  # a message recorded twice would show now
             recorded_once(f"{source}-b", MESSAGES)
         finally:
-            second.send_signal(signal.SIGTERM)
-            try:
-                second.wait(30)
-            except Exception:
-                second.kill()
-                second.wait(10)
-        assert children_of(second.pid) == []
+            stop_child(second)
+        wait_for(lambda: not running(second_child), 10, "the second consumer's child to stop")
     finally:
         print(f"--- the consumers' output\n{output.read_text(errors='replace')[-5000:]}")
-
-
-@pytest.mark.parametrize(
-    ("entry", "message"),
-    [
-        (
-            {"URL": "nats://h", "CONSUMER_PROCESS": "yes"},
-            "['CONSUMER_PROCESS'] must be True or False, not 'yes'",
-        ),
-        (
-            {"URL": "redis://h", "CONSUMER_PROCESS": 1},
-            "['CONSUMER_PROCESS'] must be True or False, not 1",
-        ),
-        (
-            {"URL": "amqp://h/", "CONSUMER_PROCESS": True},
-            "= True: CONSUMER_PROCESS is an option of nats and redis brokers only",
-        ),
-    ],
-)
-def test_consumer_process_is_a_bool_of_nats_and_redis_brokers(entry, message) -> None:
-    found = config.problems({"b": entry}, installed=False)
-    assert len(found) == 1 and message in found[0], found
-    assert "['BROKERS']['b']" in found[0]
-
-
-def test_manage_py_check_names_a_bad_consumer_process_and_the_fix() -> None:
-    from django.core import checks
-
-    entries = {"js": {"URL": "nats://127.0.0.1:1", "CONSUMER_PROCESS": "no"}}
-    with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": entries}):
-        found = [m for m in checks.run_checks(databases=[]) if m.id == "django_domain_events.E020"]
-    assert [m.msg for m in found] == [
-        "DJANGO_DOMAIN_EVENTS['BROKERS']['js']['CONSUMER_PROCESS'] must be True or False, "
-        "not 'no'; e.g. {'CONSUMER_PROCESS': False} to run the consumer's client in its own "
-        "thread."
-    ]
-
-
-def test_consumer_process_defaults_to_a_child_for_nats_and_redis() -> None:
-    entries = {
-        "js": {"URL": "nats://h"},
-        "streams": {"URL": "redis://h", "CONSUMER_PROCESS": False},
-        "queues": {"URL": "amqp://h/"},
-    }
-    assert config.problems(entries, installed=False) == []
-    with override_settings(DJANGO_DOMAIN_EVENTS={"BROKERS": entries}):
-        configs = config.brokers()
-    assert configs["js"].consumer_process is True
-    assert configs["streams"].consumer_process is False
-    assert configs["queues"].consumer_process is False
 
 
 def test_new_ids_read_as_uuid4_hex() -> None:
@@ -270,7 +199,7 @@ def test_a_broker_the_child_cannot_reach_is_an_outage_and_leaves_no_child(caplog
     assert warnings and all(
         "127.0.0.1:17401" in w and "ConnectionRefusedError" in w for w in warnings
     ), warnings
-    assert children_of(os.getpid()) == []
+    assert children_of(os.getpid(), CHILD) == []
 
 
 @contextlib.contextmanager

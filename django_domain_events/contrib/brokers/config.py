@@ -106,6 +106,10 @@ def _transport_of(where: str, url: str) -> tuple[str, str]:
     return transport, ""
 
 
+#: Whose client each yes-or-no option moves into a child process.
+_CLIENT_OF = {"CONSUMER_PROCESS": "consumer", "PUBLISHER_PROCESS": "publisher"}
+
+
 def _option_problems(where: str, transport: str, entry: Mapping[str, Any]) -> list[str]:
     found = []
     known = {**COMMON_OPTIONS, **TRANSPORT_OPTIONS[transport]}
@@ -115,7 +119,7 @@ def _option_problems(where: str, transport: str, entry: Mapping[str, Any]) -> li
         if key not in known and key in BOOLEAN_OPTIONS:
             found.append(
                 f"{where}[{key!r}] = {value!r}: {key} is an option of nats and redis brokers "
-                f"only ({transport} consumers keep up in the process); remove it."
+                f"only ({transport} {_CLIENT_OF[key]}s keep up in the process); remove it."
             )
         elif key not in known:
             names = ", ".join(sorted(known))
@@ -124,7 +128,8 @@ def _option_problems(where: str, transport: str, entry: Mapping[str, Any]) -> li
             if not isinstance(value, bool):
                 found.append(
                     f"{where}[{key!r}] must be True or False, not {value!r}; "
-                    f"e.g. {{{key!r}: False}} to run the consumer's client in its own thread."
+                    f"e.g. {{{key!r}: False}} to run the {_CLIENT_OF[key]}'s client on the "
+                    "process's broker thread."
                 )
         elif key == "MAXLEN":
             if value is not None and (

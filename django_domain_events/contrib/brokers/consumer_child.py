@@ -5,13 +5,13 @@
 ``consumer_process.ProcessConsumer`` starts it, so that the client library's parsing (most
 of a consumer's Python per message) runs beside the parent's recording instead of
 sharing its GIL. It imports nothing of Django: only the stdlib, the client library and
-the Django-free modules of this package (``options``, ``envelope``, ``transport``, the
-transport's fetcher).
+the Django-free modules of this package (``options``, ``envelope``, ``transport``,
+``pipe``, the transport's fetcher).
 
 It connects and declares what the in-process consumer declares (the fetcher is the
-same class), answers the connection with frame 0, then serves requests from stdin, each
-answered on stdout by request id (several may be under way at once: the parent fetches
-the next batch while acknowledging the last):
+same class), answers the connection with frame 0, then serves requests from stdin
+(``pipe.py`` has the frames and the child's life; the parent fetches the next batch
+while acknowledging the last):
 
 - ``fetch (limit, wait)``: ``(batch id, [(attributes, body, headers), ...])``; the child
   keeps the batch's tokens under its id until it is acknowledged or released, and reads
@@ -19,12 +19,6 @@ the next batch while acknowledging the last):
   the stop);
 - ``ack [batch ids]`` / ``release [batch ids]``: those batches' messages;
 - ``stop``: close the connection, answer, exit.
-
-A frame is a 4-byte big-endian length and a ``marshal`` dump. An answer is ``(request
-id, "ok", value)`` or ``(request id, "down", "why")`` (the broker failed: the parent
-treats it as an outage). stdin at its end means the parent is gone (even killed): the
-child exits at once, and what it held unacknowledged the broker delivers again. SIGINT
-and SIGTERM are ignored: the parent decides when the child stops.
 """
 
 from __future__ import annotations
@@ -32,20 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import json
-import marshal
 import os
-import signal
-import struct
-import sys
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from .options import BrokerConfig
+from .pipe import answer, connect_or_answer, read_frame, run_program, stdin_frames
 from .transport import Fetcher, Parsed
-
-#: The length that starts every frame, both ways.
-HEADER = struct.Struct("!I")
 
 
 @dataclass(frozen=True)
@@ -58,22 +45,7 @@ class Subscribed:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def frame(value: Any) -> bytes:
-    """``value`` as one frame: its length, then its ``marshal`` dump."""
-    data = marshal.dumps(value)
-    return HEADER.pack(len(data)) + data
-
-
-async def read_frame(reader: asyncio.StreamReader) -> Any:
-    """The next frame's value; ``EOFError`` at the end of the stream."""
-    try:
-        (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
-        return marshal.loads(await reader.readexactly(size))
-    except asyncio.IncompleteReadError as error:
-        raise EOFError from error
-
-
-class Child:
+class Server:
     """The fetcher and the batches it handed out, by id, until acknowledged or released."""
 
     def __init__(self, fetcher: Fetcher, out: BinaryIO) -> None:
@@ -83,11 +55,6 @@ class Child:
         self.next_batch = 1
         self.tasks: set[asyncio.Task[None]] = set()
         self.ahead: asyncio.Task[list[Parsed]] | None = None  # the next batch, read ahead
-
-    def answer(self, request: int, status: str, value: Any) -> None:
-        """Write one answer (whole: a frame is never interleaved with another)."""
-        self.out.write(frame((request, status, value)))
-        self.out.flush()
 
     async def serve(self, reader: asyncio.StreamReader, first: asyncio.Task[Any]) -> None:
         """Answer requests (``first`` reads the first) until ``stop``; exit at once at
@@ -103,7 +70,7 @@ class Child:
                 with contextlib.suppress(Exception):  # closing: redelivered after ack_wait
                     await self.hand_back([])
                 await self.fetcher.close()
-                self.answer(request, "ok", None)
+                answer(self.out, request, "ok", None)
                 return
             task = asyncio.create_task(self.handle(request, op, argument))
             self.tasks.add(task)
@@ -114,9 +81,9 @@ class Child:
         try:
             value = await self.run(op, argument)
         except Exception as error:
-            self.answer(request, "down", f"{type(error).__name__}: {error}")
+            answer(self.out, request, "down", f"{type(error).__name__}: {error}")
         else:
-            self.answer(request, "ok", value)
+            answer(self.out, request, "ok", value)
 
     async def run(self, op: str, argument: Any) -> Any:
         """What one request answers: a batch (its tokens kept), or None once done."""
@@ -169,44 +136,12 @@ async def main(config: dict[str, Any], out: BinaryIO) -> None:
     fetcher: Fetcher = module.Consumer(
         broker, Subscribed(**config["subscription"]), config["worker_id"]
     )
-    child = Child(fetcher, out)
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=2**20)
-    await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", buffering=0)
-    )
-    # stdin is read from the start: a parent gone (or stopping it) while the connection
-    # is still being made ends the child too.
-    first = asyncio.create_task(read_frame(reader))
-    # Bounded here too: a server that takes the connection and never answers would
-    # otherwise hold it for as long as the client library allows.
+    reader = await stdin_frames()
     limit = broker.connect_timeout + broker.confirm_timeout
-    connecting = asyncio.create_task(asyncio.wait_for(fetcher.connect(), limit))
-    await asyncio.wait({first, connecting}, return_when=asyncio.FIRST_COMPLETED)
-    if not connecting.done():
-        os._exit(0)
-    try:
-        connecting.result()
-    except TimeoutError:
-        why = "CONNECT_TIMEOUT_SECONDS + CONFIRM_TIMEOUT_SECONDS"
-        child.answer(0, "down", f"TimeoutError: not connected within {limit:g}s ({why})")
-        return
-    except Exception as error:
-        child.answer(0, "down", f"{type(error).__name__}: {error}")
-        return
-    child.answer(0, "ok", os.getpid())
-    await child.serve(reader, first)
-
-
-def run() -> None:
-    """The program: frames on a private copy of stdout (anything a library prints goes
-    to stderr instead), signals left to the parent."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    asyncio.run(main(json.loads(sys.argv[1]), out))
+    first = await connect_or_answer(fetcher.connect, limit, reader, out)
+    if first is not None:
+        await Server(fetcher, out).serve(reader, first)
 
 
 if __name__ == "__main__":
-    run()
+    run_program(main)

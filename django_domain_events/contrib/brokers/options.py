@@ -1,9 +1,9 @@
 """What a configured broker is, importable without Django.
 
 ``BrokerConfig`` and the options' defaults live here rather than in ``config.py`` (which
-reads Django's settings) so that the consumer child (``consumer_child.py``), a program
-that never imports Django, can rebuild a broker's configuration from plain values and
-run the same fetcher as the in-process consumer.
+reads Django's settings) so that the client's child processes (``consumer_child.py``,
+``publisher_child.py``), programs that never import Django, can rebuild a broker's
+configuration from plain values and run the same client as the process would.
 """
 
 from __future__ import annotations
@@ -28,14 +28,19 @@ COMMON_OPTIONS: dict[str, float] = {
 TRANSPORT_OPTIONS: dict[str, dict[str, Any]] = {
     "rabbitmq": {},
     # The stream's de-duplication window for Nats-Msg-Id (created streams only); whether
-    # a consumer's client runs in a child process of its own (consumer_process.py).
-    "nats": {"DUPLICATE_WINDOW_SECONDS": 120.0, "CONSUMER_PROCESS": True},
+    # a consumer's client, and a publishing process's, runs in a child process of its
+    # own (consumer_process.py, publisher_process.py).
+    "nats": {
+        "DUPLICATE_WINDOW_SECONDS": 120.0,
+        "CONSUMER_PROCESS": True,
+        "PUBLISHER_PROCESS": True,
+    },
     # XADD ... MAXLEN ~ n: trim the stream to about n entries; None keeps everything.
-    "redis": {"MAXLEN": None, "CONSUMER_PROCESS": True},
+    "redis": {"MAXLEN": None, "CONSUMER_PROCESS": True, "PUBLISHER_PROCESS": True},
 }
 
 #: Options that are a yes or no, not a number.
-BOOLEAN_OPTIONS = frozenset({"CONSUMER_PROCESS"})
+BOOLEAN_OPTIONS = frozenset({"CONSUMER_PROCESS", "PUBLISHER_PROCESS"})
 
 # NATS forbids these in stream names; each is replaced by "_" (see nats_stream_name).
 _NATS_STREAM_FORBIDDEN = re.compile(r"[\s.*>/\\\x00-\x1f\x7f]")
@@ -69,6 +74,20 @@ class BrokerConfig:
     def consumer_process(self) -> bool:
         """Whether consumers of this broker run its client in a child process."""
         return bool(self.options.get("CONSUMER_PROCESS", False))
+
+    @property
+    def publisher_process(self) -> bool:
+        """Whether a process publishing to this broker runs its client in a child process."""
+        return bool(self.options.get("PUBLISHER_PROCESS", False))
+
+    def plain(self) -> dict[str, Any]:
+        """This configuration in plain values, for a child process to rebuild it."""
+        return {
+            "name": self.name,
+            "url": self.url,
+            "transport": self.transport,
+            "options": dict(self.options),
+        }
 
     @property
     def safe_url(self) -> str:

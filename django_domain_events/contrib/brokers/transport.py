@@ -4,7 +4,7 @@ The clients are asyncio libraries (aio-pika, nats-py, redis.asyncio): one loop p
 process, in a daemon thread of its own, holds every broker connection for the life of
 the process; the relay's thread hands it a batch and waits for the confirms. A
 transport module is imported only when a broker of its kind is used. This module and
-the transport modules import nothing of Django: the consumer child runs them alone.
+the transport modules import nothing of Django: the client's child processes run them alone.
 """
 
 from __future__ import annotations
@@ -86,10 +86,15 @@ _TRANSPORTS = {"rabbitmq": ".rabbitmq", "nats": ".nats", "redis": ".redis"}
 
 
 def make_transport(config: BrokerConfig) -> Transport:
-    """A new, unconnected transport for ``config`` (imports its client library)."""
+    """A new, unconnected transport for ``config`` (imports its client library); its
+    client in a child process when the broker's ``PUBLISHER_PROCESS`` says so."""
     from .config import import_client  # reads Django's settings: not for the consumer child
 
     import_client(config)  # ImproperlyConfigured naming the extra when it is missing
+    if config.publisher_process:
+        from .publisher_process import ProcessPublisher
+
+        return ProcessPublisher(config)
     module = importlib.import_module(_TRANSPORTS[config.transport], __package__)
     transport: Transport = module.Publisher(config)
     return transport
