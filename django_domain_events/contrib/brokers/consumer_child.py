@@ -26,12 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import os
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from .options import BrokerConfig
-from .pipe import answer, connect_or_answer, read_frame, run_program, stdin_frames
+from .pipe import Server, run_program
 from .transport import Fetcher, Parsed
 
 
@@ -45,45 +44,21 @@ class Subscribed:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-class Server:
+class ConsumerServer(Server):
     """The fetcher and the batches it handed out, by id, until acknowledged or released."""
 
     def __init__(self, fetcher: Fetcher, out: BinaryIO) -> None:
+        super().__init__(out)
         self.fetcher = fetcher
-        self.out = out
         self.batches: dict[int, list[Any]] = {}
         self.next_batch = 1
-        self.tasks: set[asyncio.Task[None]] = set()
         self.ahead: asyncio.Task[list[Parsed]] | None = None  # the next batch, read ahead
 
-    async def serve(self, reader: asyncio.StreamReader, first: asyncio.Task[Any]) -> None:
-        """Answer requests (``first`` reads the first) until ``stop``; exit at once at
-        the end of stdin."""
-        reading = first
-        while True:
-            try:
-                request, op, argument = await reading
-            except EOFError:  # the parent is gone: nothing here is anyone's any more
-                os._exit(0)
-            reading = asyncio.create_task(read_frame(reader))
-            if op == "stop":
-                with contextlib.suppress(Exception):  # closing: redelivered after ack_wait
-                    await self.hand_back([])
-                await self.fetcher.close()
-                answer(self.out, request, "ok", None)
-                return
-            task = asyncio.create_task(self.handle(request, op, argument))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-
-    async def handle(self, request: int, op: str, argument: Any) -> None:
-        """Run one request and answer it; a failure is the broker's."""
-        try:
-            value = await self.run(op, argument)
-        except Exception as error:
-            answer(self.out, request, "down", f"{type(error).__name__}: {error}")
-        else:
-            answer(self.out, request, "ok", value)
+    async def stop(self) -> None:
+        """Release what was read ahead, then close the connection."""
+        with contextlib.suppress(Exception):  # closing: redelivered after ack_wait
+            await self.hand_back([])
+        await self.fetcher.close()
 
     async def run(self, op: str, argument: Any) -> Any:
         """What one request answers: a batch (its tokens kept), or None once done."""
@@ -136,11 +111,7 @@ async def main(config: dict[str, Any], out: BinaryIO) -> None:
     fetcher: Fetcher = module.Consumer(
         broker, Subscribed(**config["subscription"]), config["worker_id"]
     )
-    reader = await stdin_frames()
-    limit = broker.connect_timeout + broker.confirm_timeout
-    first = await connect_or_answer(fetcher.connect, limit, reader, out)
-    if first is not None:
-        await Server(fetcher, out).serve(reader, first)
+    await ConsumerServer(fetcher, out).connect_and_serve(fetcher.connect, broker)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .options import BrokerConfig
 from .transport import BrokerDown
 
 #: The length that starts every frame, both ways.
@@ -185,6 +186,62 @@ def _kill(process: asyncio.subprocess.Process) -> None:
 
 
 # ---------------------------------------------------------------- the child's side
+
+
+class Server:
+    """A child program's side of the pipe: each request runs as a task of its own and is
+    answered when it ends, until ``stop``. A subclass says what a request does (``run``)
+    and what stopping takes (``stop``)."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def connect_and_serve(
+        self, connect: Callable[[], Awaitable[None]], broker: BrokerConfig
+    ) -> None:
+        """Connect within the broker's bounds, answer frame 0, then serve the parent;
+        return at once when the connection failed (its reason answered)."""
+        reader = await stdin_frames()
+        limit = broker.connect_timeout + broker.confirm_timeout
+        first = await connect_or_answer(connect, limit, reader, self.out)
+        if first is not None:
+            await self.serve(reader, first)
+
+    async def serve(self, reader: asyncio.StreamReader, first: asyncio.Task[Any]) -> None:
+        """Answer requests (``first`` reads the first) until ``stop``; exit at once at
+        the end of stdin: the parent is gone, and nothing here is anyone's any more."""
+        reading = first
+        while True:
+            try:
+                request, op, argument = await reading
+            except EOFError:
+                os._exit(0)
+            reading = asyncio.create_task(read_frame(reader))
+            if op == "stop":
+                await self.stop()
+                answer(self.out, request, "ok", None)
+                return
+            task = asyncio.create_task(self.handle(request, op, argument))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def handle(self, request: int, op: str, argument: Any) -> None:
+        """Run one request and answer it; a failure is the broker's (an outage)."""
+        try:
+            value = await self.run(op, argument)
+        except Exception as error:
+            answer(self.out, request, "down", f"{type(error).__name__}: {error}")
+        else:
+            answer(self.out, request, "ok", value)
+
+    async def run(self, op: str, argument: Any) -> Any:
+        """What one request answers."""
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        """Close the connection before the stop is answered."""
+        raise NotImplementedError
 
 
 def answer(out: BinaryIO, request: int, status: str, value: Any) -> None:

@@ -23,61 +23,37 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import os
 from typing import Any, BinaryIO
 
 from .envelope import Envelope
 from .options import BrokerConfig
-from .pipe import answer, connect_or_answer, read_frame, run_program, stdin_frames
+from .pipe import Server, run_program
 from .transport import BrokerDown, Outgoing, Transport
 
 #: What one message's answer is when the broker confirmed it, else ``(kind, why)``.
 Answer = tuple[str, str] | None
 
 
-class Server:
+class PublisherServer(Server):
     """The transport's publisher, serving the parent's batches as they come."""
 
     def __init__(self, publisher: Transport, out: BinaryIO) -> None:
+        super().__init__(out)
         self.publisher = publisher
-        self.out = out
-        self.tasks: set[asyncio.Task[None]] = set()
 
-    async def serve(self, reader: asyncio.StreamReader, first: asyncio.Task[Any]) -> None:
-        """Answer requests (``first`` reads the first) until ``stop``; exit at once at
-        the end of stdin (the relay is gone: its rows are handed back by their lease)."""
-        reading = first
-        while True:
-            try:
-                request, op, argument = await reading
-            except EOFError:
-                os._exit(0)
-            reading = asyncio.create_task(read_frame(reader))
-            if op == "stop":
-                if self.tasks:  # batches under way: their answers go first
-                    await asyncio.wait(self.tasks)
-                await self.publisher.close()
-                answer(self.out, request, "ok", None)
-                return
-            task = asyncio.create_task(self.handle(request, op, argument))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-
-    async def handle(self, request: int, op: str, argument: Any) -> None:
-        """Publish one batch and answer it; a failure of the whole batch is an outage."""
-        try:
-            if op != "publish":
-                raise ValueError(f"unknown request {op!r}; send publish or stop.")
-            value = await self.publish(argument)
-        except Exception as error:
-            answer(self.out, request, "down", f"{type(error).__name__}: {error}")
-        else:
-            answer(self.out, request, "ok", value)
-
-    async def publish(self, batch: list[tuple[str, dict[str, str], bytes]]) -> list[Answer]:
-        """One batch through the transport, its confirmations in plain values."""
-        messages = [Outgoing(to, Envelope(attributes, body)) for to, attributes, body in batch]
+    async def run(self, op: str, argument: Any) -> list[Answer]:
+        """One batch through the transport, its confirmations in plain values; a failure
+        of the whole batch is an outage."""
+        if op != "publish":
+            raise ValueError(f"unknown request {op!r}; send publish or stop.")
+        messages = [Outgoing(to, Envelope(attrs, body)) for to, attrs, body in argument]
         return [plain(result) for result in await self.publisher.publish(messages)]
+
+    async def stop(self) -> None:
+        """Let the batches under way answer first, then close the connection."""
+        if self.tasks:
+            await asyncio.wait(self.tasks)
+        await self.publisher.close()
 
 
 def plain(result: BaseException | None) -> Answer:
@@ -92,11 +68,7 @@ async def main(config: dict[str, Any], out: BinaryIO) -> None:
     broker = BrokerConfig(**config)
     module = importlib.import_module(f"{__package__}.{broker.transport}")
     publisher: Transport = module.Publisher(broker)
-    reader = await stdin_frames()
-    limit = broker.connect_timeout + broker.confirm_timeout
-    first = await connect_or_answer(publisher.connect, limit, reader, out)
-    if first is not None:
-        await Server(publisher, out).serve(reader, first)
+    await PublisherServer(publisher, out).connect_and_serve(publisher.connect, broker)
 
 
 if __name__ == "__main__":
