@@ -11,9 +11,10 @@ message.
 It is a ``transport.Transport`` like the others, so the link (``links.py``) cannot tell
 them apart: a child that cannot connect, or dies, is a broker outage (the batch answered
 ``BrokerDown``, its rows handed back uncharged, a new child at the link's next
-connection attempt). The broker de-duplicates what a dead child may have sent before
-its confirms came back (the message id is the event's). A child reads its stdin to the
-end, so it exits with this process however this process ends.
+connection attempt). What a dead child sent before its confirms came back is sent
+again with the same id: JetStream drops the copy within its duplicate window, Redis
+keeps it (consumers deduplicate on the id). A child reads its stdin to the end, so it
+exits with this process however this process ends.
 """
 
 from __future__ import annotations
