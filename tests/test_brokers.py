@@ -13,12 +13,15 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection, connections, transaction
+from django.db.models import TextField
+from django.db.models.functions import Cast
 from django.test import override_settings
 
 from django_domain_events import (
     Constant,
     DeliveryStatus,
     caused_by,
+    claim_batch,
     clock,
     deliver_one,
     deliver_pending,
@@ -29,6 +32,8 @@ from django_domain_events import (
 )
 from django_domain_events.contrib.brokers import publish
 from django_domain_events.contrib.brokers.links import close_all
+from django_domain_events.delivery.claim_rows import INLINE_PAYLOAD_BYTES
+from django_domain_events.delivery.run import attempt
 from django_domain_events.models import DeliveryRecord, EventRecord
 from tests import brokers
 from tests.app.events import OrderPlaced, Pinged
@@ -89,6 +94,32 @@ def test_each_event_reaches_the_destination_as_a_cloudevent(broker):
         assert where == event.name
     elif transport == "nats":
         assert where == f"{to}.{event.name}"
+
+
+def test_the_body_is_the_payload_as_the_event_row_stores_it(broker):
+    """The body is the stored JSON text, sent as it is: a payload a claim carries, one
+    too large for a claim (read on its own), and one run outside a relay's batch."""
+    transport, url, to = broker
+    publish(OrderPlaced, to=to)
+    tags = ("café", "naïve €", "x" * (INLINE_PAYLOAD_BYTES + 1))
+    with transaction.atomic():
+        small = fire(OrderPlaced(order_id=1, total=Decimal("9.50"), tags=tags[:2]))
+        large = fire(OrderPlaced(order_id=2, tags=tags))
+        alone = fire(OrderPlaced(order_id=3, tags=tags[:1]))
+    row = DeliveryRecord.objects.get(event_id=alone)
+    (claim,) = claim_batch(worker_id="t", now=clock.now(), lease=60, limit=1, ids=[row.pk])
+    deliver_pending()
+    assert attempt(claim, now=clock.now())[0] == DeliveryStatus.SUCCEEDED
+
+    stored = dict(
+        EventRecord.objects.annotate(text=Cast("payload", TextField())).values_list("pk", "text")
+    )
+    found = {int(env.id.split(".")[0]): env for _, env in brokers.read(transport, url, to)}
+    assert sorted(found) == [small, large, alone]
+    for event_id, env in found.items():
+        assert env.data == stored[event_id].encode()
+        assert env.payload() == EventRecord.objects.get(pk=event_id).payload
+    assert found[small].payload() == {"order_id": 1, "total": "9.50", "tags": ["café", "naïve €"]}
 
 
 def test_causation_and_the_stored_trace_context_travel_as_extensions(broker):

@@ -134,11 +134,14 @@ def test_a_child_that_stops_answering_is_killed_and_its_batches_sent_by_the_next
 
 
 @needs_several_relays
-def test_a_relay_killed_leaves_no_child_and_the_next_relay_publishes_the_rest(broker, tmp_path):
+@pytest.mark.parametrize("concurrency", ["1", "4"])
+def test_a_relay_killed_leaves_no_child_and_the_next_relay_publishes_the_rest(
+    broker, tmp_path, concurrency
+):
     """``manage.py deliver_events`` SIGKILLed while publishing: its child sees its stdin
     end and exits by itself; the rows of the killed relay's batches come back when their
     lease lapses, and a second relay publishes them and the rest, its child stopped with
-    it by SIGTERM."""
+    it by SIGTERM. With ``--concurrency 4`` too: one child per relay, whatever its slots."""
     transport, url, to = broker
     publish(OrderPlaced, to=to, max_attempts=100)  # as the relay processes declare it
     with transaction.atomic():
@@ -148,7 +151,8 @@ def test_a_relay_killed_leaves_no_child_and_the_next_relay_publishes_the_rest(br
     output = tmp_path / "relays.log"
     rows = published_rows()
     try:
-        first = start_child("publisher", "--batch-size", str(BATCH), env=env, output=output)
+        args = ("--batch-size", str(BATCH), "--concurrency", concurrency)
+        first = start_child("publisher", *args, env=env, output=output)
         try:
             wait_for(lambda: len(children_of(first.pid, CHILD)) == 1, 60, "the relay's child")
             (child,) = children_of(first.pid, CHILD)
@@ -158,7 +162,7 @@ def test_a_relay_killed_leaves_no_child_and_the_next_relay_publishes_the_rest(br
             first.wait(10)
         wait_for(lambda: not running(child), 10, f"the orphaned child {child} to exit")
 
-        second = start_child("publisher", "--batch-size", str(BATCH), env=env, output=output)
+        second = start_child("publisher", *args, env=env, output=output)
         try:
             wait_for(lambda: len(children_of(second.pid, CHILD)) == 1, 60, "its child")
             (second_child,) = children_of(second.pid, CHILD)

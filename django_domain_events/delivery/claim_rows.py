@@ -155,16 +155,21 @@ def event_payload(claim: Claim) -> Any:
     """The claim's payload, parsed; read from the event row when the claim did not carry it."""
     if claim.payload is not None:
         return parse_json(claim.payload)
-    alias = database_alias()
+    return parse_json(stored_payload(claim.event_id))
+
+
+def stored_payload(event_id: int) -> str:
+    """An event's payload as its row stores it (JSON text), read on its own: a claim does
+    not carry one larger than ``INLINE_PAYLOAD_BYTES``."""
     text = (
-        EventRecord.objects.using(alias)
-        .filter(pk=claim.event_id)
+        EventRecord.objects.using(database_alias())
+        .filter(pk=event_id)
         .values_list(Cast("payload", TextField()), flat=True)
         .first()
     )
     if text is None:
-        raise LookupError(f"event #{claim.event_id} is no longer in the log")
-    return parse_json(text)
+        raise LookupError(f"event #{event_id} is no longer in the log")
+    return str(text)
 
 
 def owed_rows(alias: str, args: ClaimArgs, *, heads: bool = True) -> Any:

@@ -16,14 +16,14 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import transaction
 
 from ... import clock
 from ...declare import AnyEvent, receiver, registry
 from ...delivery.claim import release
-from ...delivery.claim_rows import Claim, event_payload
+from ...delivery.claim_rows import Claim, stored_payload
 from ...delivery.locked import NotSent
 from ...delivery.outcomes import DeliveryContext
 from ...delivery.run import (
@@ -70,14 +70,13 @@ class Publication:
         Relays and ``deliver_one`` go through ``deliver_batch`` instead, where a broker
         outage hands the row back uncharged; here it would be a failed attempt."""
         record = DeliveryRecord.objects.using(database_alias()).select_related("event")
-        delivery = record.get(pk=int(ctx.delivery_id or 0))
+        delivery = record.defer("event__payload").get(pk=int(ctx.delivery_id or 0))
         event = delivery.event
         row = Row(
+            id=delivery.pk,
             event_id=event.pk,
-            delivery_id=delivery.pk,
-            name=event.name,
-            version=event.version,
-            payload=event.payload,
+            event_name=event.name,
+            event_version=event.version,
             occurred_at=event.occurred_at,
             correlation_id=event.correlation_id,
             causation_id=event.causation_id,
@@ -162,41 +161,62 @@ def _name(event_cls: Any) -> str:
     return registered.name if registered is not None else repr(event_cls)
 
 
+class MessageSource(Protocol):
+    """What the message of one delivery row is made of: a ``Claim`` carries it all, a
+    ``Row`` is read from the rows (the names are the claim's)."""
+
+    @property
+    def id(self) -> int: ...  # the delivery row's
+    @property
+    def event_id(self) -> int: ...
+    @property
+    def event_name(self) -> str: ...
+    @property
+    def event_version(self) -> int: ...
+    @property
+    def payload(self) -> str | dict[str, Any] | None: ...  # None: read from the event row
+    @property
+    def occurred_at(self) -> datetime: ...
+    @property
+    def correlation_id(self) -> str: ...
+    @property
+    def causation_id(self) -> int | None: ...
+    @property
+    def trace_context(self) -> str: ...
+    @property
+    def expires_at(self) -> datetime | None: ...
+
+
 @dataclass(frozen=True)
 class Row:
-    """What the message of one delivery row is made of (from a claim or the rows)."""
+    """A ``MessageSource`` read from the rows: a publish run outside a relay's batch."""
 
+    id: int
     event_id: int
-    delivery_id: int
-    name: str
-    version: int
-    payload: Any
+    event_name: str
+    event_version: int
     occurred_at: datetime
     correlation_id: str
     causation_id: int | None
     trace_context: str
     expires_at: datetime | None
-
-
-# The message body's encoder, made once: ``json.dumps`` with these options builds a new
-# encoder at every call, a microsecond a message.
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+    payload: None = None  # read by ``message_body``, as stored
 
 
 def make_envelope(
-    publication: Publication, evt: Any, row: Row, source: str | None = None
+    publication: Publication, evt: Any, row: MessageSource, source: str | None = None
 ) -> envelope.Envelope:
     """The CloudEvent of one delivery row; the id is ``<event id>.<delivery id>``, the
     same on every resend."""
     traceparent, tracestate = _trace(row.trace_context)
     key = publication.key(evt) if publication.key is not None else None
     return envelope.build(
-        id=f"{row.event_id}.{row.delivery_id}",
+        id=f"{row.event_id}.{row.id}",
         source=source if source is not None else event_source(),
-        type=row.name,
-        data=_COMPACT_JSON.encode(row.payload).encode(),
+        type=row.event_name,
+        data=message_body(row),
         time=row.occurred_at,
-        payloadversion=row.version,
+        payloadversion=row.event_version,
         correlationid=row.correlation_id,
         causationid=str(row.causation_id) if row.causation_id is not None else None,
         traceparent=traceparent,
@@ -204,6 +224,21 @@ def make_envelope(
         partitionkey=str(key) if key is not None else None,
         expirytime=row.expires_at,
     )
+
+
+# The encoder of a payload a driver handed back parsed, made once: ``json.dumps`` with
+# these options builds a new encoder at every call.
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+def message_body(row: MessageSource) -> bytes:
+    """The payload's JSON text as the event row stores it, UTF-8: sent as it is, not
+    parsed and written again (a relay sends thousands a second; the wire format says a
+    body's whitespace and key order are the database's)."""
+    payload = row.payload if row.payload is not None else stored_payload(row.event_id)
+    if isinstance(payload, str):
+        return payload.encode()
+    return _COMPACT_JSON.encode(payload).encode()
 
 
 def _trace(stored: str) -> tuple[str | None, str | None]:
@@ -282,7 +317,7 @@ def prepare_batch(broker: str, claims: Sequence[Claim]) -> PreparedBatch:
                 outcomes[claim.id] = NotSent()
                 continue
         try:
-            env = make_envelope(publication, evt, claim_row(claim), source)
+            env = make_envelope(publication, evt, claim, source)
         except Exception as error:  # key= raised: this row's failed attempt
             outcomes[claim.id] = error
             continue
@@ -350,23 +385,7 @@ def _admit(
 
 
 def _claim_envelope(publication: Publication, ready: Ready | Admitted, source: str) -> Any:
-    return make_envelope(publication, getattr(ready, "evt", None), claim_row(ready.claim), source)
-
-
-def claim_row(claim: Claim) -> Row:
-    """What the message of a claimed row is made of, from the claim alone."""
-    return Row(
-        event_id=claim.event_id,
-        delivery_id=claim.id,
-        name=claim.event_name,
-        version=claim.event_version,
-        payload=event_payload(claim),
-        occurred_at=claim.occurred_at,
-        correlation_id=claim.correlation_id,
-        causation_id=claim.causation_id,
-        trace_context=claim.trace_context,
-        expires_at=claim.expires_at,
-    )
+    return make_envelope(publication, getattr(ready, "evt", None), ready.claim, source)
 
 
 def _settle(
