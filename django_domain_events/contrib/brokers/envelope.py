@@ -3,7 +3,8 @@
 The one place that knows header names, in both directions: the publisher turns an
 ``Envelope`` into a transport's headers, a consumer turns them back. Attributes are
 strings; an absent attribute is omitted, never sent empty. The body is the event's
-payload as JSON, UTF-8.
+payload as JSON, UTF-8 (the publisher sends the text the event row stores:
+``publishing.message_body``).
 
 - RabbitMQ (AMQP 0-9-1): ``content_type`` = datacontenttype, ``message_id`` = id,
   every attribute but datacontenttype in the headers as ``cloudEvents_<name>`` (id
