@@ -48,6 +48,17 @@ step() {
     fi
 }
 
+# record NAME RC: note a pytest run's exit status (5, no tests collected, is a failure).
+record() {
+    if [ "$2" -eq 5 ]; then
+        echo "<== pytest [$1] collected no tests: counted as a failure"
+        failed+=("pytest [$1] (no tests collected)")
+    elif [ "$2" -ne 0 ]; then
+        echo "<== pytest [$1] FAILED (exit $2)"
+        failed+=("pytest [$1] (exit $2)")
+    fi
+}
+
 # suite NAME VAR=VALUE...: one pytest run with the given environment.
 suite() {
     local name=$1
@@ -56,14 +67,7 @@ suite() {
     env "$@" DDE_SQLITE_PATH="$work/$name.sqlite3" \
         "$PY" -m pytest --junitxml="$work/$name.xml" \
         ${EXTRA[@]+"${EXTRA[@]}"}
-    local rc=$?
-    if [ "$rc" -eq 5 ]; then
-        echo "<== pytest [$name] collected no tests: counted as a failure"
-        failed+=("pytest [$name] (no tests collected)")
-    elif [ "$rc" -ne 0 ]; then
-        echo "<== pytest [$name] FAILED (exit $rc)"
-        failed+=("pytest [$name] (exit $rc)")
-    fi
+    record "$name" $?
 }
 
 skip() {
@@ -176,23 +180,56 @@ fi
 # the relay runs as a process on Django 6 at all.
 DJ6_PY=${DDE_DJ6_VENV:-.venv-dj6}/bin/python
 
-# dj6_suite NAME VAR=VALUE...: one pytest run on the Django 6 leg.
-dj6_suite() {
+# dj6_pytest NAME VAR=VALUE...: one pytest run on the Django 6 leg, its exit status.
+dj6_pytest() {
     local name=$1
     shift
-    banner "pytest [$name]: $*"
     env "$@" DDE_SQLITE_PATH="$work/$name.sqlite3" \
         DDE_TEST_DB_SUFFIX="${DDE_TEST_DB_SUFFIX:-}_dj6" DDE_PROCESS_TESTS=0 \
         "$DJ6_PY" -m pytest --junitxml="$work/$name.xml" \
         ${EXTRA[@]+"${EXTRA[@]}"}
-    local rc=$?
-    if [ "$rc" -eq 5 ]; then
-        echo "<== pytest [$name] collected no tests: counted as a failure"
-        failed+=("pytest [$name] (no tests collected)")
-    elif [ "$rc" -ne 0 ]; then
-        echo "<== pytest [$name] FAILED (exit $rc)"
-        failed+=("pytest [$name] (exit $rc)")
-    fi
+}
+
+# The leg's two suites run side by side: neither runs the process tests, so each is
+# mostly one busy core, and together they take the time of the longer one (on a slow
+# host the whole run would otherwise pass CI's 90 minutes). The PostgreSQL suite gets
+# private broker servers of its own (ports, RabbitMQ node, data directory), so the two
+# never restart each other's. Each suite's output is printed whole when it ends.
+# dj6_side_by_side NAME VAR=VALUE... -- NAME VAR=VALUE...
+dj6_side_by_side() {
+    local first=() second=() seen=0 arg
+    for arg in "$@"; do
+        if [ "$arg" = "--" ]; then
+            seen=1
+        elif [ "$seen" -eq 0 ]; then
+            first+=("$arg")
+        else
+            second+=("$arg")
+        fi
+    done
+    banner "pytest [${first[0]}] and [${second[0]}], side by side: ${first[*]:1} | ${second[*]:1}"
+    dj6_pytest "${first[@]}" >"$work/${first[0]}.log" 2>&1 &
+    local first_pid=$!
+    dj6_pytest "${second[@]}" >"$work/${second[0]}.log" 2>&1 &
+    local second_pid=$!
+    local rc
+    wait "$first_pid"
+    rc=$?
+    banner "pytest [${first[0]}]: its output"
+    cat "$work/${first[0]}.log"
+    record "${first[0]}" "$rc"
+    wait "$second_pid"
+    rc=$?
+    banner "pytest [${second[0]}]: its output"
+    cat "$work/${second[0]}.log"
+    record "${second[0]}" "$rc"
+}
+
+# dj6_suite NAME VAR=VALUE...: one pytest run on the Django 6 leg, alone.
+dj6_suite() {
+    banner "pytest [$1]: ${*:2}"
+    dj6_pytest "$@"
+    record "$1" $?
 }
 
 if [ ! -x "$DJ6_PY" ]; then
@@ -205,15 +242,20 @@ if [ ! -x "$DJ6_PY" ]; then
     fi
 else
     banner "Django 6 leg: $("$DJ6_PY" -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.__version__)')"
-    dj6_suite dj6-sqlite DDE_TEST_DB=sqlite
     if pg_reachable "$DJ6_PY"; then
-        dj6_suite dj6-postgres DDE_TEST_DB=postgres
-    elif [ "$CI" = "true" ]; then
-        echo
-        echo "ERROR: PostgreSQL is required under CI but is not reachable (Django 6 leg)"
-        failed+=("PostgreSQL is required under CI (Django 6 leg)")
+        dj6_side_by_side dj6-sqlite DDE_TEST_DB=sqlite -- dj6-postgres DDE_TEST_DB=postgres \
+            DDE_TEST_NATS_PORT=4225 DDE_TEST_REDIS_PORT=6382 DDE_TEST_RABBIT_PORT=5675 \
+            DDE_TEST_RABBIT_NODE=rabbit-dj6@localhost DDE_TEST_RABBIT_DIST_PORT=25675 \
+            DDE_BROKER_SERVERS_DIR="$work/dj6-servers"
     else
-        skip "Django 6 leg: PostgreSQL suite skipped: not reachable"
+        dj6_suite dj6-sqlite DDE_TEST_DB=sqlite
+        if [ "$CI" = "true" ]; then
+            echo
+            echo "ERROR: PostgreSQL is required under CI but is not reachable (Django 6 leg)"
+            failed+=("PostgreSQL is required under CI (Django 6 leg)")
+        else
+            skip "Django 6 leg: PostgreSQL suite skipped: not reachable"
+        fi
     fi
 fi
 
