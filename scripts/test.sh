@@ -59,15 +59,60 @@ record() {
     fi
 }
 
-# suite NAME VAR=VALUE...: one pytest run with the given environment.
-suite() {
+# main_pytest NAME VAR=VALUE...: one pytest run with the given environment, its status.
+main_pytest() {
     local name=$1
     shift
-    banner "pytest [$name]: $*"
     env "$@" DDE_SQLITE_PATH="$work/$name.sqlite3" \
         "$PY" -m pytest --junitxml="$work/$name.xml" \
         ${EXTRA[@]+"${EXTRA[@]}"}
-    record "$name" $?
+}
+
+# suite NAME VAR=VALUE...: one pytest run with the given environment.
+suite() {
+    banner "pytest [$1]: ${*:2}"
+    main_pytest "$@"
+    record "$1" $?
+}
+
+# Broker servers of a second suite's own (ports, RabbitMQ node, data directory), for
+# one that runs beside another: the two never restart each other's servers.
+PRIVATE_SERVERS=(DDE_TEST_NATS_PORT=4225 DDE_TEST_REDIS_PORT=6382 DDE_TEST_RABBIT_PORT=5675
+    DDE_TEST_RABBIT_NODE=rabbit-side@localhost DDE_TEST_RABBIT_DIST_PORT=25675
+    DDE_BROKER_SERVERS_DIR="$work/side-servers")
+
+# side_by_side RUNNER NAME VAR=VALUE... -- NAME VAR=VALUE...: two pytest runs at once
+# (RUNNER: main_pytest or dj6_pytest), each one's output printed whole when it ends.
+# Used where the two together take the time of the longer one and stay within what two
+# cores carry (on a host three times slower than usual the whole run, one suite after
+# another, would pass CI's 90 minutes); the second gets PRIVATE_SERVERS.
+side_by_side() {
+    local runner=$1 first=() second=() seen=0 arg rc
+    shift
+    for arg in "$@"; do
+        if [ "$arg" = "--" ]; then
+            seen=1
+        elif [ "$seen" -eq 0 ]; then
+            first+=("$arg")
+        else
+            second+=("$arg")
+        fi
+    done
+    banner "pytest [${first[0]}] and [${second[0]}], side by side: ${first[*]:1} | ${second[*]:1}"
+    "$runner" "${first[@]}" >"$work/${first[0]}.log" 2>&1 &
+    local first_pid=$!
+    "$runner" "${second[@]}" "${PRIVATE_SERVERS[@]}" >"$work/${second[0]}.log" 2>&1 &
+    local second_pid=$!
+    wait "$first_pid"
+    rc=$?
+    banner "pytest [${first[0]}]: its output"
+    cat "$work/${first[0]}.log"
+    record "${first[0]}" "$rc"
+    wait "$second_pid"
+    rc=$?
+    banner "pytest [${second[0]}]: its output"
+    cat "$work/${second[0]}.log"
+    record "${second[0]}" "$rc"
 }
 
 skip() {
@@ -113,8 +158,9 @@ if [ "$CI" = "true" ]; then
 fi
 
 # ---------------------------------------------------------------- SQLite
-suite sqlite DDE_TEST_DB=sqlite
-suite sqlite-no-tz DDE_TEST_DB=sqlite DDE_TEST_USE_TZ=false
+# Side by side: one SQLite file each, and SQLite's process tests run one relay at a time.
+side_by_side main_pytest sqlite DDE_TEST_DB=sqlite -- sqlite-no-tz DDE_TEST_DB=sqlite \
+    DDE_TEST_USE_TZ=false
 
 # ------------------------------------------------------------ PostgreSQL
 pg_host=${DDE_PG_HOST:-127.0.0.1}
@@ -190,41 +236,6 @@ dj6_pytest() {
         ${EXTRA[@]+"${EXTRA[@]}"}
 }
 
-# The leg's two suites run side by side: neither runs the process tests, so each is
-# mostly one busy core, and together they take the time of the longer one (on a slow
-# host the whole run would otherwise pass CI's 90 minutes). The PostgreSQL suite gets
-# private broker servers of its own (ports, RabbitMQ node, data directory), so the two
-# never restart each other's. Each suite's output is printed whole when it ends.
-# dj6_side_by_side NAME VAR=VALUE... -- NAME VAR=VALUE...
-dj6_side_by_side() {
-    local first=() second=() seen=0 arg
-    for arg in "$@"; do
-        if [ "$arg" = "--" ]; then
-            seen=1
-        elif [ "$seen" -eq 0 ]; then
-            first+=("$arg")
-        else
-            second+=("$arg")
-        fi
-    done
-    banner "pytest [${first[0]}] and [${second[0]}], side by side: ${first[*]:1} | ${second[*]:1}"
-    dj6_pytest "${first[@]}" >"$work/${first[0]}.log" 2>&1 &
-    local first_pid=$!
-    dj6_pytest "${second[@]}" >"$work/${second[0]}.log" 2>&1 &
-    local second_pid=$!
-    local rc
-    wait "$first_pid"
-    rc=$?
-    banner "pytest [${first[0]}]: its output"
-    cat "$work/${first[0]}.log"
-    record "${first[0]}" "$rc"
-    wait "$second_pid"
-    rc=$?
-    banner "pytest [${second[0]}]: its output"
-    cat "$work/${second[0]}.log"
-    record "${second[0]}" "$rc"
-}
-
 # dj6_suite NAME VAR=VALUE...: one pytest run on the Django 6 leg, alone.
 dj6_suite() {
     banner "pytest [$1]: ${*:2}"
@@ -243,10 +254,8 @@ if [ ! -x "$DJ6_PY" ]; then
 else
     banner "Django 6 leg: $("$DJ6_PY" -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.__version__)')"
     if pg_reachable "$DJ6_PY"; then
-        dj6_side_by_side dj6-sqlite DDE_TEST_DB=sqlite -- dj6-postgres DDE_TEST_DB=postgres \
-            DDE_TEST_NATS_PORT=4225 DDE_TEST_REDIS_PORT=6382 DDE_TEST_RABBIT_PORT=5675 \
-            DDE_TEST_RABBIT_NODE=rabbit-dj6@localhost DDE_TEST_RABBIT_DIST_PORT=25675 \
-            DDE_BROKER_SERVERS_DIR="$work/dj6-servers"
+        # Neither runs the process tests: each is mostly one busy core.
+        side_by_side dj6_pytest dj6-sqlite DDE_TEST_DB=sqlite -- dj6-postgres DDE_TEST_DB=postgres
     else
         dj6_suite dj6-sqlite DDE_TEST_DB=sqlite
         if [ "$CI" = "true" ]; then
