@@ -159,8 +159,11 @@ fi
 
 # ---------------------------------------------------------------- SQLite
 # Side by side: one SQLite file each, and SQLite's process tests run one relay at a time.
+# The lifecycle machine (tests/test_lifecycle_machine.py, 200 examples, two minutes on
+# a slow host) runs in full where the backend differs; the suites that differ by the
+# time-zone convention or Django's version run 50 (DDE_LIFECYCLE_EXAMPLES).
 side_by_side main_pytest sqlite DDE_TEST_DB=sqlite -- sqlite-no-tz DDE_TEST_DB=sqlite \
-    DDE_TEST_USE_TZ=false
+    DDE_TEST_USE_TZ=false DDE_LIFECYCLE_EXAMPLES=50
 
 # ------------------------------------------------------------ PostgreSQL
 pg_host=${DDE_PG_HOST:-127.0.0.1}
@@ -255,9 +258,10 @@ else
     banner "Django 6 leg: $("$DJ6_PY" -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.__version__)')"
     if pg_reachable "$DJ6_PY"; then
         # Neither runs the process tests: each is mostly one busy core.
-        side_by_side dj6_pytest dj6-sqlite DDE_TEST_DB=sqlite -- dj6-postgres DDE_TEST_DB=postgres
+        side_by_side dj6_pytest dj6-sqlite DDE_TEST_DB=sqlite DDE_LIFECYCLE_EXAMPLES=50 -- \
+            dj6-postgres DDE_TEST_DB=postgres DDE_LIFECYCLE_EXAMPLES=50
     else
-        dj6_suite dj6-sqlite DDE_TEST_DB=sqlite
+        dj6_suite dj6-sqlite DDE_TEST_DB=sqlite DDE_LIFECYCLE_EXAMPLES=50
         if [ "$CI" = "true" ]; then
             echo
             echo "ERROR: PostgreSQL is required under CI but is not reachable (Django 6 leg)"
