@@ -68,10 +68,12 @@ main_pytest() {
         ${EXTRA[@]+"${EXTRA[@]}"}
 }
 
-# suite NAME VAR=VALUE...: one pytest run with the given environment.
-suite() {
+# alone RUNNER NAME VAR=VALUE...: one pytest run (RUNNER: main_pytest or dj6_pytest).
+alone() {
+    local runner=$1
+    shift
     banner "pytest [$1]: ${*:2}"
-    main_pytest "$@"
+    "$runner" "$@"
     record "$1" $?
 }
 
@@ -169,7 +171,7 @@ side_by_side main_pytest sqlite DDE_TEST_DB=sqlite -- sqlite-no-tz DDE_TEST_DB=s
 pg_host=${DDE_PG_HOST:-127.0.0.1}
 pg_port=${DDE_PG_PORT:-5432}
 if pg_reachable "$PY"; then
-    suite postgres DDE_TEST_DB=postgres
+    alone main_pytest postgres DDE_TEST_DB=postgres
 elif [ "$CI" = "true" ]; then
     echo
     echo "ERROR: PostgreSQL is required under CI but is not reachable at $pg_host:$pg_port"
@@ -209,7 +211,7 @@ MySQLdb.connect(
     connect_timeout=3,
 ).close()
 PY
-    suite mariadb DDE_TEST_DB=mariadb
+    alone main_pytest mariadb DDE_TEST_DB=mariadb
 elif [ "$CI" = "true" ]; then
     echo
     echo "ERROR: MariaDB is required under CI but is not reachable at $my_host:$my_port"
@@ -239,13 +241,6 @@ dj6_pytest() {
         ${EXTRA[@]+"${EXTRA[@]}"}
 }
 
-# dj6_suite NAME VAR=VALUE...: one pytest run on the Django 6 leg, alone.
-dj6_suite() {
-    banner "pytest [$1]: ${*:2}"
-    dj6_pytest "$@"
-    record "$1" $?
-}
-
 if [ ! -x "$DJ6_PY" ]; then
     if [ "$CI" = "true" ]; then
         echo
@@ -261,7 +256,7 @@ else
         side_by_side dj6_pytest dj6-sqlite DDE_TEST_DB=sqlite DDE_LIFECYCLE_EXAMPLES=50 -- \
             dj6-postgres DDE_TEST_DB=postgres DDE_LIFECYCLE_EXAMPLES=50
     else
-        dj6_suite dj6-sqlite DDE_TEST_DB=sqlite DDE_LIFECYCLE_EXAMPLES=50
+        alone dj6_pytest dj6-sqlite DDE_TEST_DB=sqlite DDE_LIFECYCLE_EXAMPLES=50
         if [ "$CI" = "true" ]; then
             echo
             echo "ERROR: PostgreSQL is required under CI but is not reachable (Django 6 leg)"
