@@ -16,7 +16,7 @@ import signal
 from collections.abc import Iterator
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 
 from django_domain_events import deliver_pending, fire
@@ -28,6 +28,7 @@ from tests import brokers
 from tests.app.events import OrderPlaced, Pinged
 from tests.conftest import (
     children_of,
+    needs_postgresql,
     needs_several_relays,
     running,
     start_child,
@@ -177,6 +178,61 @@ def test_a_relay_killed_leaves_no_child_and_the_next_relay_publishes_the_rest(
     found = brokers.read(transport, url, to)
     assert {int(env.id.split(".")[1]) for _, env in found} == set(rows.values_list("id", flat=True))
     assert {r.status for r in rows} == {"succeeded"}
+
+
+@needs_postgresql
+def test_a_relay_stopped_past_its_lease_holding_locked_batches_goes_on(broker, tmp_path):
+    """``manage.py deliver_events`` SIGSTOPped while its batches are locked (a backend of
+    its idle in transaction), for longer than ``LEASE_SECONDS``: PostgreSQL ends those
+    transactions. Resumed, the relay records what the broker confirmed, logs the lapsed
+    lock, hands back the rest uncharged and publishes everything; it never stops."""
+    transport, url, to = broker
+    publish(OrderPlaced, to=to, max_attempts=100)  # as the relay processes declare it
+    with transaction.atomic():
+        for n in range(ROWS):
+            fire(OrderPlaced(order_id=n))
+    env = {"DDE_BROKER_URL": url, "DDE_PUBLISH_TO": to, "DDE_LEASE_SECONDS": "1"}
+    output = tmp_path / "relay.log"
+    rows = published_rows()
+    relay = start_child("publisher", "--batch-size", "20", env=env, output=output)
+    try:
+        wait_for(lambda: rows.filter(status="succeeded").count() >= 100, 60, "100 published")
+        for _ in range(50):  # stop it at a moment it holds a batch locked
+            relay.send_signal(signal.SIGSTOP)
+            if _idle_in_transaction():
+                break
+            relay.send_signal(signal.SIGCONT)
+        else:
+            pytest.fail("the relay never held a batch locked when stopped")
+        wait_for(lambda: not _idle_in_transaction(), 10, "PostgreSQL to end its transaction")
+        relay.send_signal(signal.SIGCONT)
+        wait_for(lambda: not rows.exclude(status="succeeded").exists(), 120, "every row")
+        assert relay.poll() is None, "the relay stopped"
+        stop_child(relay)
+        assert relay.returncode == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            relay.send_signal(signal.SIGCONT)
+        stop_child(relay)
+        log = output.read_text(errors="replace")
+        print(f"--- the relay's output\n{log[-5000:]}")
+    assert "lapsed" in log and "LEASE_SECONDS" in log
+    assert "will not fix" not in log and "Traceback" not in log
+    found = brokers.read(transport, url, to)
+    assert {int(env.id.split(".")[1]) for _, env in found} == set(rows.values_list("id", flat=True))
+    assert {r.attempts for r in rows} == {1}  # the lapse charged nothing
+
+
+def _idle_in_transaction() -> bool:
+    """Whether a backend of the test database other than this one is idle in a
+    transaction: here, the relay's lock on a batch."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND state = 'idle in transaction'"
+        )
+        (count,) = cursor.fetchone()
+    return bool(count)
 
 
 def test_a_child_that_cannot_connect_is_one_outage_with_its_reason_and_leaves_no_child(caplog):

@@ -511,3 +511,27 @@ def test_a_broken_setting_under_skip_checks_is_one_clear_line(command_args: list
     assert "Traceback" not in done.stderr, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "LEASE_SECONDS" in lines[0], done.stderr
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's own timeout")
+def test_a_transaction_postgresql_ended_for_idling_is_ridden_out_not_a_halt() -> None:
+    """A connection PostgreSQL ended for idling in a transaction (a DBA's
+    ``idle_in_transaction_session_timeout``, or the relay's own on a batch it holds by
+    row lock) passes with a new connection: the relay waits and goes on, it does not
+    stop and send the operator to the migrations."""
+    from django.db import DatabaseError
+
+    from django_domain_events.delivery.outage import is_outage
+
+    cut = connections.create_connection(connection.alias)
+    try:
+        cut.set_autocommit(False)
+        with cut.cursor() as cursor:
+            cursor.execute("SET idle_in_transaction_session_timeout = 100")
+        time.sleep(0.6)
+        with pytest.raises(DatabaseError) as caught, cut.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    finally:
+        cut.close()
+    assert "idle-in-transaction" in str(caught.value)
+    assert is_outage(caught.value, connection.alias)

@@ -15,7 +15,9 @@ A relay killed meanwhile leaves nothing claimed: its transaction ends with its
 connection, the rows are owed again at once, uncharged, and another relay sends them
 again under the same message id. A relay that hangs holding them is cut off by
 PostgreSQL once its transaction has idled for ``LEASE_SECONDS``
-(``idle_in_transaction_session_timeout``), as a lease would lapse.
+(``idle_in_transaction_session_timeout``), as a lease would lapse; back, it records
+what the broker confirmed where no one has taken the row since, and hands back the rest
+(``LockedBatch.settle``): a lapse, never an error that stops it.
 
 Two connections take turns: while one batch's confirms are outstanding, the lane's
 next batch is locked on the other, and sent once the first is settled, so one relay
@@ -25,12 +27,13 @@ still sends in order.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from .. import clock, conf, priority, tally
 from ..declare import registry
@@ -45,6 +48,8 @@ from .run import attempt, has_expired, has_spent_attempts
 # One row's result, as ``passes.Result``: its status and outcome, or None when it was
 # handed back (a broker outage).
 Result = tuple[DeliveryStatus | None, Any] | None
+
+logger = logging.getLogger("django_domain_events.delivery")
 
 #: What a sent batch answers for each row: None when it arrived, else why not.
 Outcomes = dict[int, BaseException | None]
@@ -191,12 +196,17 @@ class LockedBatch:
         that fails); one result per row, in order."""
         confirmed = [claim for claim in self.claims if outcomes[claim.id] is None]
         others = [claim for claim in self.claims if outcomes[claim.id] is not None]
-        with self.connection.cursor() as cursor:
-            if confirmed:
-                cursor.execute(*self._succeeded_sql(confirmed))
-            if others:
-                cursor.execute(*self._claimed_sql(others))
-        self.connection.commit()
+        try:
+            with self.connection.cursor() as cursor:
+                if confirmed:
+                    cursor.execute(*self._succeeded_sql(confirmed))
+                if others:
+                    cursor.execute(*self._claimed_sql(others))
+            self.connection.commit()
+        except (DatabaseError, InterfaceError) as error:
+            if _answers(self.connection):
+                raise
+            return self._settle_lapsed(confirmed, error)
         in_hand.extend(others)
         results: dict[int, Result] = {}
         for claim in confirmed:
@@ -213,14 +223,62 @@ class LockedBatch:
             with contextlib.suppress(Exception):
                 self.connection.close()
 
-    def _succeeded_sql(self, claims: Sequence[Claim]) -> tuple[str, list[Any]]:
+    def _settle_lapsed(self, confirmed: Sequence[Claim], error: BaseException) -> list[Result]:
+        """The transaction holding the batch ended before its commit (PostgreSQL cut it
+        after ``LEASE_SECONDS`` idle, or its connection broke), as a lease lapses: every
+        row is owed again, uncharged, and may already be another relay's. What the broker
+        confirmed is recorded acknowledged where no one else has taken the row since
+        (still owed, not locked), so it is not sent twice; the rest are handed back.
+        Raises if the database cannot be reached (the relay rides out the outage)."""
+        self.give_back()
+        recorded: set[int] = set()
+        if confirmed:
+            outbox = connections[database_alias()]
+            with transaction.atomic(using=outbox.alias), outbox.cursor() as cursor:
+                cursor.execute(*self._succeeded_sql(confirmed, lapsed=True))
+                recorded = {row[0] for row in cursor.fetchall()}
+        logger.warning(
+            "Relay %s: the lock on a batch of %s rows lapsed before it was recorded "
+            "(%s: %s): its transaction idled past LEASE_SECONDS or lost its connection. "
+            "%s rows the broker confirmed are recorded acknowledged; the other %s are "
+            "owed again, uncharged, and are sent again under the same message ids. Raise "
+            "LEASE_SECONDS if the broker's confirms often take this long.",
+            self.args.worker_id,
+            len(self.claims),
+            type(error).__name__,
+            str(error).strip(),
+            len(recorded),
+            len(self.claims) - len(recorded),
+            extra={"worker_id": self.args.worker_id},
+        )
+        results: list[Result] = []
+        for claim in self.claims:
+            if claim.id in recorded:
+                report_success(claim)
+                results.append((DeliveryStatus.SUCCEEDED, None))
+            else:
+                results.append(None)
+        return results
+
+    def _succeeded_sql(
+        self, claims: Sequence[Claim], *, lapsed: bool = False
+    ) -> tuple[str, list[Any]]:
+        """Record ``claims`` acknowledged. Once their lock ``lapsed``, only the rows still
+        owed and locked by no one (no other relay is sending them), returning their ids."""
         adapt = self.connection.ops.adapt_datetimefield_value
         done = adapt(clock.now())
+        table = self._table()
+        where = "id = ANY(%s)"
+        if lapsed:
+            where = (
+                f"id IN (SELECT id FROM {table} WHERE id = ANY(%s) AND status = "
+                f"{STATUS_SQL['pending']} FOR UPDATE SKIP LOCKED) RETURNING id"
+            )
         sql = (
-            f"UPDATE {self._table()} SET status = {STATUS_SQL['succeeded']}, "
+            f"UPDATE {table} SET status = {STATUS_SQL['succeeded']}, "
             "attempts = attempts + 1, completed_at = %s, succeeded_at = %s, "
             "claimed_by = %s, claimed_at = %s, lease_expires_at = NULL, last_error = '' "
-            "WHERE id = ANY(%s)"
+            f"WHERE {where}"
         )
         args = self.args
         return sql, [done, done, args.worker_id, adapt(args.now), [c.id for c in claims]]
@@ -241,6 +299,16 @@ class LockedBatch:
 
     def _table(self) -> str:
         return str(self.connection.ops.quote_name(table(DeliveryRecord)))
+
+
+def _answers(connection: Any) -> bool:
+    """Whether ``connection`` still answers (its transaction, and so its locks, live)."""
+    if connection.connection is None:
+        return False
+    try:
+        return bool(connection.is_usable())
+    except Exception:
+        return False
 
 
 def _sendable(claim: Claim, now: datetime, tallied_from: datetime) -> bool:

@@ -23,9 +23,10 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 # PostgreSQL SQLSTATE classes and codes that pass: connection exceptions, insufficient
 # resources, serialization failures and deadlocks, lock not available, operator
-# intervention (shutdown, crash recovery), system errors.
+# intervention (shutdown, crash recovery), system errors, and a connection the server
+# ended for idling in a transaction or for its transaction's length (25P03, 25P04).
 _PG_TRANSIENT_CLASSES = ("08", "40", "53", "57", "58")
-_PG_TRANSIENT_CODES = ("55P03",)
+_PG_TRANSIENT_CODES = ("55P03", "25P03", "25P04")
 
 # MySQL/MariaDB error numbers that pass: lock wait timeout, deadlock, server shutting
 # down, connection killed or lost, too many connections, server gone away.
