@@ -61,6 +61,16 @@ def fire_pings(count: int) -> None:
             fire(Pinged(n=n))
 
 
+def owed_to_relay_processes(url: str, to: str, lease_seconds: float) -> dict[str, str]:
+    """``ROWS`` events owed to ``to``, published as ``tests/procs/publisher.py`` declares
+    it; the environment that relay process needs."""
+    publish(OrderPlaced, to=to, max_attempts=100)
+    with transaction.atomic():
+        for n in range(ROWS):
+            fire(OrderPlaced(order_id=n))
+    return {"DDE_BROKER_URL": url, "DDE_PUBLISH_TO": to, "DDE_LEASE_SECONDS": str(lease_seconds)}
+
+
 def published_rows():
     return DeliveryRecord.objects.filter(receiver_key__startswith="brokers:")
 
@@ -144,11 +154,7 @@ def test_a_relay_killed_leaves_no_child_and_the_next_relay_publishes_the_rest(
     lease lapses, and a second relay publishes them and the rest, its child stopped with
     it by SIGTERM. With ``--concurrency 4`` too: one child per relay, whatever its slots."""
     transport, url, to = broker
-    publish(OrderPlaced, to=to, max_attempts=100)  # as the relay processes declare it
-    with transaction.atomic():
-        for n in range(ROWS):
-            fire(OrderPlaced(order_id=n))
-    env = {"DDE_BROKER_URL": url, "DDE_PUBLISH_TO": to, "DDE_LEASE_SECONDS": "3"}
+    env = owed_to_relay_processes(url, to, lease_seconds=3)
     output = tmp_path / "relays.log"
     rows = published_rows()
     try:
@@ -187,11 +193,7 @@ def test_a_relay_stopped_past_its_lease_holding_locked_batches_goes_on(broker, t
     transactions. Resumed, the relay records what the broker confirmed, logs the lapsed
     lock, hands back the rest uncharged and publishes everything; it never stops."""
     transport, url, to = broker
-    publish(OrderPlaced, to=to, max_attempts=100)  # as the relay processes declare it
-    with transaction.atomic():
-        for n in range(ROWS):
-            fire(OrderPlaced(order_id=n))
-    env = {"DDE_BROKER_URL": url, "DDE_PUBLISH_TO": to, "DDE_LEASE_SECONDS": "1"}
+    env = owed_to_relay_processes(url, to, lease_seconds=1)
     output = tmp_path / "relay.log"
     rows = published_rows()
     relay = start_child("publisher", "--batch-size", "20", env=env, output=output)
