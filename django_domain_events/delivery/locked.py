@@ -239,14 +239,15 @@ class LockedBatch:
                 recorded = {row[0] for row in cursor.fetchall()}
         logger.warning(
             "Relay %s: the lock on a batch of %s rows lapsed before it was recorded "
-            "(%s: %s): its transaction idled past LEASE_SECONDS or lost its connection. "
-            "%s rows the broker confirmed are recorded acknowledged; the other %s are "
-            "owed again, uncharged, and are sent again under the same message ids. Raise "
+            "(%s: %s): PostgreSQL ends a transaction that idles past LEASE_SECONDS, and "
+            "a lost connection or a failed acknowledgement ends it too. %s rows the "
+            "broker confirmed are recorded acknowledged; the other %s are owed again, "
+            "uncharged, and are sent again under the same message ids. Raise "
             "LEASE_SECONDS if the broker's confirms often take this long.",
             self.args.worker_id,
             len(self.claims),
             type(error).__name__,
-            str(error).strip(),
+            " ".join(str(error).split()),  # psycopg's messages span lines
             len(recorded),
             len(self.claims) - len(recorded),
             extra={"worker_id": self.args.worker_id},
@@ -302,7 +303,9 @@ class LockedBatch:
 
 
 def _answers(connection: Any) -> bool:
-    """Whether ``connection`` still answers (its transaction, and so its locks, live)."""
+    """Whether ``connection`` still answers, its transaction and so its locks alive: not
+    closed, not broken, not aborted by a failed statement (Django's ``is_usable`` runs a
+    query, which an aborted transaction refuses: then its rollback ends the locks)."""
     if connection.connection is None:
         return False
     try:
