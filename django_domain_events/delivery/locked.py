@@ -42,6 +42,7 @@ from . import limits
 from .claim import lane_keys
 from .claim_postgresql import lock_postgresql
 from .claim_rows import Claim, ClaimArgs, table
+from .outage import answers
 from .report import report_success
 from .run import attempt, has_expired, has_spent_attempts
 
@@ -204,7 +205,7 @@ class LockedBatch:
                     cursor.execute(*self._claimed_sql(others))
             self.connection.commit()
         except (DatabaseError, InterfaceError) as error:
-            if _answers(self.connection):
+            if answers(self.connection):  # the statement failed, the locks live on
                 raise
             return self._settle_lapsed(confirmed, error)
         in_hand.extend(others)
@@ -300,18 +301,6 @@ class LockedBatch:
 
     def _table(self) -> str:
         return str(self.connection.ops.quote_name(table(DeliveryRecord)))
-
-
-def _answers(connection: Any) -> bool:
-    """Whether ``connection`` still answers, its transaction and so its locks alive: not
-    closed, not broken, not aborted by a failed statement (Django's ``is_usable`` runs a
-    query, which an aborted transaction refuses: then its rollback ends the locks)."""
-    if connection.connection is None:
-        return False
-    try:
-        return bool(connection.is_usable())
-    except Exception:
-        return False
 
 
 def _sendable(claim: Claim, now: datetime, tallied_from: datetime) -> bool:

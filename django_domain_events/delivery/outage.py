@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
@@ -82,8 +83,14 @@ def _transient(error: DatabaseError, vendor: str) -> bool:
 
 def _usable(alias: str) -> bool:
     """Whether the outbox's own connection is open and answers a query."""
-    connection = connections[alias]
-    if connection.connection is None:  # closed by Django: its rollback failed
+    return answers(connections[alias])
+
+
+def answers(connection: Any) -> bool:
+    """Whether ``connection`` is open and answers a query: not closed (by Django, after
+    a failed rollback), not broken, not in a transaction a failed statement aborted
+    (Django's ``is_usable`` runs a query, which such a transaction refuses)."""
+    if connection.connection is None:
         return False
     try:
         return bool(connection.is_usable())
