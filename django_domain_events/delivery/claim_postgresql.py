@@ -26,7 +26,9 @@ def _pg_is_task(expr: str) -> str:
 
 # The lapse rule (lapse.py) inside the claim: ``numbered`` judges each picked row,
 # ``kept`` keeps the rows the claim takes, ``unstarted`` finds the rows of a batch run in
-# order after the one charged, whose own leases lapsed too, to hand back.
+# order after the one charged, whose own leases lapsed too, to hand back. It looks under
+# each kept row that lapsed (a lateral subquery, so the held rows are read only there):
+# as a join, the planner was free to read every held row first, at every claim.
 _POSTGRESQL_CLAIM = """
 WITH picked AS ({picked}
 ), judged AS (
@@ -37,14 +39,17 @@ WITH picked AS ({picked}
     SELECT j.*, j.charged AND NOT j.is_task AS alone FROM judged AS j
 ), kept AS ({kept}
 ), unstarted AS (
-    SELECT d.id
-    FROM {delivery} AS d
-    JOIN kept AS n
-      ON n.alone AND n.was_position > 0 AND d.claimed_by = n.was_by
-     AND d.claimed_at = n.was_at AND d.claim_position > n.was_position
-    WHERE d.status = {claimed} AND d.available_at <= %(now)s
-      AND d.id NOT IN (SELECT id FROM kept)
-    FOR UPDATE OF d SKIP LOCKED
+    SELECT u.id
+    FROM kept AS n
+    CROSS JOIN LATERAL (
+        SELECT d.id
+        FROM {delivery} AS d
+        WHERE d.status = {claimed} AND d.claimed_by = n.was_by AND d.claimed_at = n.was_at
+          AND d.claim_position > n.was_position AND d.available_at <= %(now)s
+          AND d.id NOT IN (SELECT id FROM kept)
+        FOR UPDATE OF d SKIP LOCKED
+    ) AS u
+    WHERE n.alone AND n.was_position > 0
 ), handed_back AS (
     UPDATE {delivery} AS d
     SET status = CASE WHEN d.attempts = 0 THEN {pending} ELSE {failed} END,
