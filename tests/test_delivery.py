@@ -550,6 +550,33 @@ def test_draining_an_unbounded_failing_receiver_attempts_it_once_per_call() -> N
     assert row_for(event_id).status == DeliveryStatus.FAILED
 
 
+class RetryAtOnce:
+    """A retry policy whose backoff is over as soon as it begins, as a fully jittered
+    first backoff sometimes is."""
+
+    def delay(self, attempt: int, error: BaseException) -> float:
+        return 0.0
+
+
+def test_a_row_failed_in_a_deliver_pending_call_waits_for_the_next_call() -> None:
+    calls: list[int] = []
+
+    def flaky(evt: OrderPlaced) -> None:
+        calls.append(1)
+        raise ConnectionError("smtp refused")
+
+    receiver(OrderPlaced, key="t.at_once", max_attempts=3, retry=RetryAtOnce())(flaky)
+    event_id = fire_committed(OrderPlaced(order_id=1))
+    counts = deliver_pending()
+    assert counts[DeliveryStatus.FAILED] == 1 and counts[DeliveryStatus.DEAD] == 0
+    assert calls == [1]
+    row = row_for(event_id)
+    assert (row.status, row.attempts) == (DeliveryStatus.FAILED, 1)
+    deliver_pending()  # the next call retries it: its backoff is over
+    assert calls == [1, 1]
+    assert row_for(event_id).attempts == 2
+
+
 def test_an_uncounted_deferral_without_give_up_after_ends_in_a_dead_letter() -> None:
     told: list[DeliveryFailure] = []
     receiver(OrderPlaced, key="t.counted", max_attempts=2, on_failure=told.append)(

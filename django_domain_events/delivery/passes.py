@@ -140,6 +140,10 @@ class Pass:
         if status is DeliveryStatus.FAILED and self.ignore_backoff and claim.max_attempts is None:
             # Unbounded attempts end by lifetime, not count: once per call, or it would spin.
             self.excluded.add(claim.id)
+        elif status is DeliveryStatus.FAILED and not self.relay and not self.ignore_backoff:
+            # Its backoff begins now and ends in a later call, however short it is: a
+            # jittered first backoff can be over at once, and the call would run it again.
+            self.excluded.add(claim.id)
         return outcome.pause_seconds if outcome is not None else 0.0
 
     def pause(self, lane: str, seconds: float) -> None:
