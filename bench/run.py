@@ -78,7 +78,7 @@ FULL_SIZES = {
     "broker_events": 10_000,  # section 14: events published to each broker
     "limits_unmetered": 10_000,  # section 17: rows of the unlimited receiver per round ...
     "limits_metered": 2_000,  # ... and of the 50/s one, fired ahead of them
-    "limits_rounds": 2,  # ... in this many alternating rounds of each case
+    "limits_rounds": 3,  # ... in this many rounds of each case, every other one reversed
 }
 # --quick divides every size by ten, but never below these.
 QUICK_FLOOR = {
@@ -874,25 +874,33 @@ def section_limits(sizes: dict[str, int], summary: Summary, note: str) -> None:
     print(
         f"== 17. limits: {lim.RELAYS} relays x --concurrency {lim.CONCURRENCY}, lane "
         f"'metered'; {free:,} rows of an unlimited receiver alone, then behind {metered:,} "
-        f"rows of a {METERED_RATE} receiver fired first; {rounds} alternating rounds{note}"
+        f"rows of a {METERED_RATE} receiver fired first; {rounds} rounds, every other one "
+        f"in reverse order{note}"
     )
     alone, beside, control, windows = [], [], [], []
     cpu: dict[str, list[float]] = {"alone": [], "beside": [], "control": []}
-    for _ in range(rounds):
+    cases = {
+        "alone": lambda: lim.run_round(free, 0),
+        "beside": lambda: lim.run_round(free, metered),
+        "control": lambda: lim.run_round(free, 0, paced=50.0),
+    }
+    for number in range(rounds):
         load = os.getloadavg()[0]
-        solo = lim.run_round(free, 0)
+        # Every other round runs its cases in reverse order, so that the host's drift over
+        # a round (a vacuum, a neighbour's job) weighs on "alone" and the control alike.
+        order = list(cases) if number % 2 == 0 else list(reversed(cases))
+        ran = {case: cases[case]() for case in order}
+        solo, both, paced = ran["alone"], ran["beside"], ran["control"]
         alone.append(solo.unmetered_rate)
-        both = lim.run_round(free, metered)
         beside.append(both.unmetered_rate)
         windows += both.windows()
-        paced = lim.run_round(free, 0, paced=50.0)
         control.append(paced.unmetered_rate)
         for case, done in (("alone", solo), ("beside", both), ("control", paced)):
             cpu[case].append(done.cpu_per_row)
         print(
-            f"  round (load {load:.1f}): alone {alone[-1]:,.1f}/s, beside the 50/s limit "
-            f"{beside[-1]:,.1f}/s, beside 50/s unlimited {control[-1]:,.1f}/s; relay CPU "
-            f"per row {solo.cpu_per_row:.2f} / {both.cpu_per_row:.2f} / "
+            f"  round (load {load:.1f}, {order[0]} first): alone {alone[-1]:,.1f}/s, beside "
+            f"the 50/s limit {beside[-1]:,.1f}/s, beside 50/s unlimited {control[-1]:,.1f}/s; "
+            f"relay CPU per row {solo.cpu_per_row:.2f} / {both.cpu_per_row:.2f} / "
             f"{paced.cpu_per_row:.2f} ms",
             flush=True,
         )
