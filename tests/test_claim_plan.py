@@ -88,8 +88,8 @@ def seed(one_lane: str | None = None, **mail_limits: Any) -> None:
     assert DeliveryRecord.objects.count() == OWED + SCHEDULED + SETTLED
 
 
-def claim_plans(claim: Callable[[], object]) -> list[dict[str, Any]]:
-    """The plan of every claim statement ``claim`` sends (EXPLAIN, not run)."""
+def sent(claim: Callable[[], object]) -> list[tuple[str, Any]]:
+    """The statements ``claim`` sends, with their parameters, rolled back."""
     statements: list[tuple[str, Any]] = []
 
     def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -100,9 +100,14 @@ def claim_plans(claim: Callable[[], object]) -> list[dict[str, Any]]:
         with connection.execute_wrapper(record):
             claim()
         transaction.set_rollback(True)
+    return statements
+
+
+def claim_plans(claim: Callable[[], object]) -> list[dict[str, Any]]:
+    """The plan of every claim statement ``claim`` sends (EXPLAIN, not run)."""
     plans = []
     with connection.cursor() as cursor:
-        for sql, params in statements:
+        for sql, params in sent(claim):
             if "SKIP LOCKED" in sql and "picked AS" in sql:  # not a limit's lock
                 cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
                 found = cursor.fetchone()[0]
@@ -215,17 +220,7 @@ WHERE id IN (SELECT id FROM {table} WHERE status = 'pending' AND available_at <=
 def analysed_claim(claim: Callable[[], object]) -> dict[str, Any]:
     """The plan of the one claim statement ``claim`` sends, as it ran (EXPLAIN ANALYZE,
     rolled back)."""
-    statements: list[tuple[str, Any]] = []
-
-    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        statements.append((sql, params))
-        return execute(sql, params, many, context)
-
-    with transaction.atomic():
-        with connection.execute_wrapper(record):
-            claim()
-        transaction.set_rollback(True)
-    (sql, params), *_ = [(s, p) for s, p in statements if "picked AS" in s]
+    (sql, params), *_ = [(s, p) for s, p in sent(claim) if "picked AS" in s]
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
