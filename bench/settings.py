@@ -3,6 +3,8 @@
 Environment:
     DDE_BENCH_PG_HOST, DDE_BENCH_PG_PORT, DDE_BENCH_PG_USER, DDE_BENCH_PG_PASSWORD
     DDE_BENCH_PG_NAME   the database (default dde_bench; created by run.py when missing)
+    DDE_BENCH_PG_PREPARE  true: OPTIONS prepare_threshold=5 (psycopg prepares the claims);
+                        unset, Django's default, as a deployment gets without tuning
     DDE_BENCH_SETTINGS_JSON  a JSON object merged over DJANGO_DOMAIN_EVENTS: how run.py
                         gives a relay child process its own settings (POLL_SECONDS, ...)
 """
@@ -33,6 +35,9 @@ DATABASES = {
         "OPTIONS": {"application_name": "dde-bench"},
     }
 }
+
+if os.environ.get("DDE_BENCH_PG_PREPARE", "").lower() in {"1", "true", "yes"}:
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = 5
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -224,7 +224,10 @@ fi
 # The second leg: Python 3.13 with the newest Django 6.x (.venv-dj6, built by
 # `make .venv-dj6`), on SQLite and PostgreSQL. No lint: django-stubs and mypy
 # follow Django 5.2 on the main leg. Its PostgreSQL test databases carry their own
-# suffix, so the two legs never share one. The process tests (relays, consumers and
+# suffix, so the two legs never share one. Its PostgreSQL run lets psycopg prepare
+# statements (DDE_PG_PREPARE: OPTIONS prepare_threshold), so the claims bound on the
+# server for it run through the whole suite; the main leg keeps Django's default. The
+# process tests (relays, consumers and
 # brokers as processes of their own: tests/*_processes.py) test this package's
 # concurrency and faults, not Django's: they run on the main leg only
 # (DDE_PROCESS_TESTS=0 here, tests/conftest.py), but test_processes.py, which checks
@@ -254,7 +257,7 @@ else
     if pg_reachable "$DJ6_PY"; then
         # Neither runs the process tests: each is mostly one busy core.
         side_by_side dj6_pytest dj6-sqlite DDE_TEST_DB=sqlite DDE_LIFECYCLE_EXAMPLES=50 -- \
-            dj6-postgres DDE_TEST_DB=postgres DDE_LIFECYCLE_EXAMPLES=50
+            dj6-postgres DDE_TEST_DB=postgres DDE_PG_PREPARE=true DDE_LIFECYCLE_EXAMPLES=50
     else
         alone dj6_pytest dj6-sqlite DDE_TEST_DB=sqlite DDE_LIFECYCLE_EXAMPLES=50
         if [ "$CI" = "true" ]; then

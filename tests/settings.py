@@ -6,6 +6,8 @@ Environment:
     DDE_SQLITE_PATH   SQLite database file (default /tmp/dde_test.sqlite3); a real
                       file, never :memory:, so that several processes can share it
     DDE_PG_HOST, DDE_PG_PORT, DDE_PG_USER, DDE_PG_PASSWORD
+    DDE_PG_PREPARE    true: OPTIONS prepare_threshold=2, so that psycopg prepares the
+                      statements the package binds on the server (the claims)
     DDE_MYSQL_HOST, DDE_MYSQL_PORT, DDE_MYSQL_USER, DDE_MYSQL_PASSWORD
     DDE_TEST_DB_SUFFIX  appended to the PostgreSQL/MariaDB test database names, so two
                       checkouts can run their suites at once on one server
@@ -96,6 +98,8 @@ elif TEST_DB in {"postgres", "postgresql"}:
         "PORT": os.environ.get("DDE_PG_PORT", "5432"),
         "TEST": {"NAME": f"test_dde{_SUFFIX}"},
     }
+    if _env_bool("DDE_PG_PREPARE", False):  # psycopg may prepare the claims' statements
+        _default["OPTIONS"] = {"prepare_threshold": 2}
 elif TEST_DB in {"mariadb", "mysql"}:
     _default = {
         "ENGINE": "django.db.backends.mysql",

@@ -252,6 +252,45 @@ def test_a_claim_never_reads_the_rows_other_relays_hold() -> None:
     assert plan["Actual Rows"] == 32  # the claim took its batch
 
 
+def prepared_claims() -> list[str]:
+    """The claim statements PostgreSQL holds prepared for this connection."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%picked AS%"],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_the_claim_is_prepared_once_the_database_options_allow_it() -> None:
+    receiver(OrderPlaced, key="plan.bulk")(lambda evt: None)
+    with transaction.atomic():
+        for order_id in range(12):
+            fire(OrderPlaced(order_id=order_id))
+    connection.ensure_connection()
+    driver = connection.connection
+    allowed = driver.prepare_threshold
+    now = timezone.now()
+
+    def claim_three() -> list[int]:
+        claims = claim_batch(worker_id="w", now=now, lease=60, limit=3, lane="default")
+        return [c.id for c in claims]
+
+    try:
+        driver.prepare_threshold = None  # Django's default: nothing is prepared
+        taken = claim_three() + claim_three()
+        assert prepared_claims() == []
+        driver.prepare_threshold = 2  # OPTIONS {"prepare_threshold": 2}
+        taken += claim_three() + claim_three() + claim_three()
+        assert len(prepared_claims()) == 1
+        taken += claim_three()  # run prepared: the same rows, in the same order
+    finally:
+        driver.prepare_threshold = allowed
+    owed = DeliveryRecord.objects.order_by("id").values_list("id", flat=True)
+    assert taken == list(owed)
+    assert set(DeliveryRecord.objects.values_list("status", flat=True)) == {"claimed"}
+
+
 # One owed row per event, as a publisher's outbox is: the planner was free to hash the
 # whole event log (and, for a claim by row lock, the whole delivery table) instead of
 # reading each row's event by its key, and did on a log of 10,000 events.

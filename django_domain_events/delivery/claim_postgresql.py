@@ -214,10 +214,7 @@ def claim_postgresql(alias: str, args: ClaimArgs) -> list[Claim]:
         micros_occurred=_micros("e.occurred_at"),
         **STATUS_SQL,
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    return as_claims(rows, args)
+    return as_claims(_fetch(connection, sql, params), args)
 
 
 # The rows a claim by row lock takes (``locked.py``): the same owed rows in the same
@@ -266,10 +263,37 @@ def lock_postgresql(connection: Any, args: ClaimArgs) -> list[Claim]:
         micros_expires=_micros("c.expires_at"),
         micros_occurred=_micros("e.occurred_at"),
     )
-    with connection.cursor() as cursor:
+    return as_claims(_fetch(connection, sql, params), args)
+
+
+def _fetch(connection: Any, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The rows of a claim statement.
+
+    Where the database's ``OPTIONS`` allow prepared statements (``prepare_threshold``,
+    which Django leaves off by default for transaction-mode connection poolers), the
+    statement is bound on the server, so psycopg prepares it once it has run that many
+    times on the connection: PostgreSQL then parses and analyses it once per connection,
+    not at every claim. Elsewhere it runs as every other statement does.
+    """
+    with _cursor(connection) as cursor:
         cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    return as_claims(rows, args)
+        return cursor.fetchall()
+
+
+def _cursor(connection: Any) -> Any:
+    """A cursor on ``connection`` that psycopg may prepare statements on, where its
+    ``prepare_threshold`` is set; else the connection's usual cursor."""
+    connection.ensure_connection()
+    driver = connection.connection
+    if getattr(driver, "prepare_threshold", None) is None:  # psycopg 2, or Django's default
+        return connection.cursor()
+    from psycopg import Cursor  # psycopg 3: the only driver with prepare_threshold
+
+    connection.validate_thread_sharing()
+    bound = Cursor(driver)
+    if connection.queries_logged:
+        return connection.make_debug_cursor(bound)
+    return connection.make_cursor(bound)
 
 
 def _due_sql(ignore_backoff: bool) -> str:
