@@ -51,7 +51,7 @@ def blame(error: BaseException, alias: str) -> Blame:
     """
     if not isinstance(error, DatabaseError | InterfaceError):
         return Blame.ATTEMPT
-    if _usable(alias) or _reachable(alias):
+    if answers(connections[alias]) or _reachable(alias):
         return Blame.ATTEMPT
     return Blame.OUTBOX
 
@@ -79,11 +79,6 @@ def _transient(error: DatabaseError, vendor: str) -> bool:
     if vendor == "sqlite":
         return any(text in str(cause).lower() for text in _SQLITE_TRANSIENT)
     return isinstance(error, OperationalError)
-
-
-def _usable(alias: str) -> bool:
-    """Whether the outbox's own connection is open and answers a query."""
-    return answers(connections[alias])
 
 
 def answers(connection: Any) -> bool:
