@@ -265,25 +265,38 @@ def prepared_claims() -> list[str]:
 def test_the_claim_is_prepared_once_the_database_options_allow_it() -> None:
     receiver(OrderPlaced, key="plan.bulk")(lambda evt: None)
     with transaction.atomic():
-        for order_id in range(12):
+        for order_id in range(30):
             fire(OrderPlaced(order_id=order_id))
     connection.ensure_connection()
     driver = connection.connection
     allowed = driver.prepare_threshold
     now = timezone.now()
+    taken: list[int] = []
 
     def claim_three() -> list[int]:
         claims = claim_batch(worker_id="w", now=now, lease=60, limit=3, lane="default")
+        assert len(claims) == 3
         return [c.id for c in claims]
 
     try:
         driver.prepare_threshold = None  # Django's default: nothing is prepared
-        taken = claim_three() + claim_three()
+        taken += claim_three() + claim_three()
         assert prepared_claims() == []
-        driver.prepare_threshold = 2  # OPTIONS {"prepare_threshold": 2}
+        # OPTIONS {"prepare_threshold": 2}: psycopg prepares a statement at its third run
+        driver.prepare_threshold = 2
         taken += claim_three() + claim_three() + claim_three()
         assert len(prepared_claims()) == 1
-        taken += claim_three()  # run prepared: the same rows, in the same order
+        taken += claim_three()  # run prepared: the next rows, in order
+        # A rolled-back transaction makes psycopg deallocate what it prepared: a claim
+        # inside one takes nothing for good, and the claims after it prepare it again.
+        with transaction.atomic():
+            claim_three()
+            transaction.set_rollback(True)
+        taken += claim_three() + claim_three()
+        assert prepared_claims() == []
+        taken += claim_three()
+        assert len(prepared_claims()) == 1
+        taken += claim_three()
     finally:
         driver.prepare_threshold = allowed
     owed = DeliveryRecord.objects.order_by("id").values_list("id", flat=True)
