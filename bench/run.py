@@ -76,7 +76,7 @@ FULL_SIZES = {
     "overhead_rounds": 10,  # section 11: alternating rounds of baseline, 1 receiver, fan-out
     "overhead_calls": 200,  # ... of this many transactions each
     "broker_events": 10_000,  # section 14: events published to each broker
-    "limits_unmetered": 10_000,  # section 17: rows of the unlimited receiver per round ...
+    "limits_unmetered": 30_000,  # section 17: rows of the unlimited receiver per round ...
     "limits_metered": 2_000,  # ... and of the 50/s one, fired ahead of them
     "limits_rounds": 3,  # ... in this many rounds of each case, every other one reversed
 }
