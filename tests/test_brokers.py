@@ -671,6 +671,48 @@ def test_the_database_lost_with_batches_locked_and_on_their_way_charges_nothing(
     assert {int(env.id.split(".")[1]) for _, env in found} == set(rows.values_list("id", flat=True))
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the relay's own connections")
+def test_a_locking_connection_cut_between_batches_is_a_lapse_not_an_outage(broker, caplog):
+    """The connection the next batch is locked on, cut by the server while it waited
+    between batches (PostgreSQL ending it for idling past ``LEASE_SECONDS`` in the claim
+    the relay was paused in, or a DBA's ``pg_terminate_backend``), while the database
+    answers: the lock lapsed with nothing sent from it, so the relay logs the lapse and
+    locks that batch again on a new connection. It does not wait out an outage, nor
+    hand back the batch already on its way; every row is acknowledged once."""
+    transport, url, to = broker
+    publish(Pinged, to=to)
+    with transaction.atomic():
+        for n in range(400):
+            fire(Pinged(n=n))
+    cut: list[int] = []
+
+    def cut_the_settled_connection(done: int) -> None:
+        # Called as the first batch is acknowledged: its connection has just committed
+        # and idles until it locks the batch after the one on its way.
+        if not cut:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                    "AND state = 'idle' AND query = 'COMMIT'"
+                )
+                cut.extend(n for (n,) in cursor.fetchall() if n)
+
+    with caplog.at_level(logging.WARNING, logger="django_domain_events"):
+        assert brokers.relay_until_published(400, cut_the_settled_connection, batch_size=20) == 400
+
+    assert len(cut) == 1
+    said = [record.getMessage() for record in caplog.records]
+    assert not [text for text in said if "lost the database" in text]
+    (lapse,) = [text for text in said if "lapsed" in text]
+    assert "LEASE_SECONDS" in lapse and "nothing was sent" in lapse
+    rows = DeliveryRecord.objects.filter(receiver_key__startswith="brokers:")
+    assert set(rows.values_list("status", "attempts")) == {("succeeded", 1)}
+    found = brokers.read(transport, url, to)
+    assert len(found) == 400  # nothing sent twice: no batch was handed back
+    assert {int(env.id.split(".")[1]) for _, env in found} == set(rows.values_list("id", flat=True))
+
+
 def test_the_next_batch_is_claimed_while_the_confirms_are_outstanding(broker, monkeypatch):
     """Pipelining: a full batch's publish overlaps the lane's next claim, which is
     therefore made before the batch is acknowledged; every row still gets published."""

@@ -17,7 +17,9 @@ again under the same message id. A relay that hangs holding them is cut off by
 PostgreSQL once its transaction has idled for ``LEASE_SECONDS``
 (``idle_in_transaction_session_timeout``), as a lease would lapse; back, it records
 what the broker confirmed where no one has taken the row since, and hands back the rest
-(``LockedBatch.settle``): a lapse, never an error that stops it.
+(``LockedBatch.settle``): a lapse, never an error that stops it. Cut in the middle of
+locking a batch, nothing was sent from it: it is locked again on a new connection
+(``LockedClaims.take``).
 
 Two connections take turns: while one batch's confirms are outstanding, the lane's
 next batch is locked on the other, and sent once the first is settled, so one relay
@@ -99,8 +101,8 @@ class LockedClaims:
         exclude: Collection[int],
         ignore_backoff: bool,
     ) -> LockedBatch:
-        """Lock up to ``limit`` owed rows of ``keys`` on the connection of ``turn``."""
-        connection = self._connection(turn)
+        """Lock up to ``limit`` owed rows of ``keys`` on the connection of ``turn``; once
+        more on a new connection if the server had cut that one (``_lock_again``)."""
         args = ClaimArgs(
             worker_id,
             now,
@@ -113,11 +115,43 @@ class LockedClaims:
             ignore_backoff,
         )
         try:
-            claims = lock_postgresql(connection, args)
+            try:
+                connection = self._connection(turn)
+                claims = lock_postgresql(connection, args)
+            except (DatabaseError, InterfaceError) as error:
+                connection, claims = self._lock_again(turn, args, error)
         except BaseException:
             self.give_back()
             raise
         return LockedBatch(connection, claims, args)
+
+    def _lock_again(
+        self, turn: int, args: ClaimArgs, error: DatabaseError | InterfaceError
+    ) -> tuple[Any, list[Claim]]:
+        """The lock failed: if the server had cut the connection of ``turn`` while it
+        waited between batches (PostgreSQL ends one whose transaction idles past
+        ``LEASE_SECONDS``, as when the relay is paused mid-claim), that lock lapsed with
+        nothing sent from it, so it is taken again on a new connection; the batch on its
+        way on the other connection is not touched. Raises ``error`` if the connection
+        is not cut, and whatever the new connection raises (an outage then)."""
+        connection = self._connections[turn % 2] if len(self._connections) == 2 else None
+        if connection is None or not _cut(connection):
+            raise error
+        with contextlib.suppress(Exception):
+            connection.close()
+        logger.warning(
+            "Relay %s: the connection locking its next batch was cut before the lock "
+            "answered (%s: %s), so that lock lapsed and nothing was sent from it: "
+            "PostgreSQL ends a transaction that idles past LEASE_SECONDS (the relay was "
+            "paused or starved of CPU mid-claim), and a DBA or a proxy may end a "
+            "connection. Locking the batch again on a new connection.",
+            args.worker_id,
+            type(error).__name__,
+            " ".join(str(error).split()),  # psycopg's messages span lines
+            extra={"worker_id": args.worker_id},
+        )
+        connection = self._connection(turn)
+        return connection, lock_postgresql(connection, args)
 
     def give_back(self) -> None:
         """End every open transaction: the rows they lock are owed again, uncharged. A
@@ -301,6 +335,13 @@ class LockedBatch:
 
     def _table(self) -> str:
         return str(self.connection.ops.quote_name(table(DeliveryRecord)))
+
+
+def _cut(connection: Any) -> bool:
+    """Whether the server ended ``connection``, open until then (the driver found it
+    closed), rather than refused a statement on it or never let it connect."""
+    driver = connection.connection
+    return driver is not None and bool(getattr(driver, "closed", False))
 
 
 def _sendable(claim: Claim, now: datetime, tallied_from: datetime) -> bool:
