@@ -647,22 +647,8 @@ def test_the_database_lost_with_batches_locked_and_on_their_way_charges_nothing(
     the broker: their rows are sent again, not charged, and every row ends acknowledged
     once with its message on the broker."""
     transport, url, to = broker
-    publish(Pinged, to=to)
-    with transaction.atomic():
-        for n in range(400):
-            fire(Pinged(n=n))
     cut: list[int] = []
-
-    def cut_the_relay_off(done: int) -> None:
-        if not cut:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
-                cut.extend(n for (n,) in cursor.fetchall() if n)
-
-    assert brokers.relay_until_published(400, cut_the_relay_off, batch_size=20) == 400
+    assert _published_cutting_once(to, cut, where="") == 400
 
     assert cut  # at least one connection was cut
     rows = DeliveryRecord.objects.filter(receiver_key__startswith="brokers:")
@@ -680,26 +666,12 @@ def test_a_locking_connection_cut_between_batches_is_a_lapse_not_an_outage(broke
     locks that batch again on a new connection. It does not wait out an outage, nor
     hand back the batch already on its way; every row is acknowledged once."""
     transport, url, to = broker
-    publish(Pinged, to=to)
-    with transaction.atomic():
-        for n in range(400):
-            fire(Pinged(n=n))
     cut: list[int] = []
-
-    def cut_the_settled_connection(done: int) -> None:
-        # Called as the first batch is acknowledged: its connection has just committed
-        # and idles until it locks the batch after the one on its way.
-        if not cut:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                    "AND state = 'idle' AND query = 'COMMIT'"
-                )
-                cut.extend(n for (n,) in cursor.fetchall() if n)
-
     with caplog.at_level(logging.WARNING, logger="django_domain_events"):
-        assert brokers.relay_until_published(400, cut_the_settled_connection, batch_size=20) == 400
+        # The first batch's connection has just committed as it is acknowledged, and
+        # idles until it locks the batch after the one on its way.
+        idle = "AND state = 'idle' AND query = 'COMMIT'"
+        assert _published_cutting_once(to, cut, where=idle) == 400
 
     assert len(cut) == 1
     said = [record.getMessage() for record in caplog.records]
@@ -711,6 +683,28 @@ def test_a_locking_connection_cut_between_batches_is_a_lapse_not_an_outage(broke
     found = brokers.read(transport, url, to)
     assert len(found) == 400  # nothing sent twice: no batch was handed back
     assert {int(env.id.split(".")[1]) for _, env in found} == set(rows.values_list("id", flat=True))
+
+
+def _published_cutting_once(to: str, cut: list[int], *, where: str) -> int:
+    """400 rows owed to ``to``, published by a relay in this thread, batches of 20, which
+    has the server end, as the first is acknowledged, its other connections ``where``
+    (a condition on ``pg_stat_activity``), noting their pids in ``cut``; the rows
+    acknowledged."""
+    publish(Pinged, to=to)
+    with transaction.atomic():
+        for n in range(400):
+            fire(Pinged(n=n))
+
+    def cut_once(done: int) -> None:
+        if not cut:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                    f"datname = current_database() AND pid <> pg_backend_pid() {where}"
+                )
+                cut.extend(n for (n,) in cursor.fetchall() if n)
+
+    return brokers.relay_until_published(400, cut_once, batch_size=20)
 
 
 def test_the_next_batch_is_claimed_while_the_confirms_are_outstanding(broker, monkeypatch):
