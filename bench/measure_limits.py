@@ -138,9 +138,13 @@ def _children_cpu() -> float:
 
 
 def _intervals(log: Path) -> dict[str, list[tuple[float, float]]]:
+    """Each receiver's run intervals logged so far; a line a receiver is still writing
+    (no newline yet) is read at the next look."""
     found: dict[str, list[tuple[float, float]]] = {}
     if log.exists():
-        for line in log.read_text().splitlines():
+        for line in log.read_text().splitlines(keepends=True):
+            if not line.endswith("\n"):
+                continue
             key, start, end = line.split()
             found.setdefault(key, []).append((float(start), float(end)))
     return found

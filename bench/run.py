@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -906,6 +907,14 @@ def section_limits(sizes: dict[str, int], summary: Summary, note: str) -> None:
         )
     ratio = sum(beside) / sum(alone)
     verdict = verdict_of(ratio >= TARGET_UNMETERED_RATIO)
+    # The host moves "alone" by 10-30 % between rounds: the pooled ratio is the figure,
+    # and the rounds' own spread says how far one run of them can be trusted.
+    each = [both / solo for solo, both in zip(alone, beside, strict=True)]
+    spread = f", sd {statistics.stdev(each):.3f}" if len(each) > 1 else ""
+    print(
+        f"  beside the limit / alone, round by round: {', '.join(f'{r:.3f}' for r in each)} "
+        f"(mean {statistics.fmean(each):.3f}{spread})"
+    )
     figure("unlimited receiver alone", sum(alone) / rounds, "deliveries/s", ",.1f")
     figure("... beside the 50/s limited receiver", sum(beside) / rounds, "deliveries/s", ",.1f")
     figure(
@@ -937,6 +946,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a tenth of the sizes")
     parser.add_argument("--profile", action="store_true", help="cProfile a drain as well")
     parser.add_argument(
+        "--limits-rounds",
+        type=int,
+        metavar="N",
+        help="section 17's rounds (default 3, about 3 minutes each): more narrow its spread",
+    )
+    parser.add_argument(
         "--only",
         choices=[
             "fire",
@@ -966,6 +981,10 @@ def main(argv: list[str] | None = None) -> int:
         name: max(QUICK_FLOOR.get(name, 1) if args.quick else 1, size // scale)
         for name, size in FULL_SIZES.items()
     }
+    if args.limits_rounds is not None:
+        if args.limits_rounds < 1:
+            parser.error(f"--limits-rounds {args.limits_rounds}: give a whole number, 1 or more")
+        sizes["limits_rounds"] = args.limits_rounds
     note = " [quick: a tenth of the sizes]" if args.quick else ""
 
     began = time.perf_counter()
