@@ -166,10 +166,12 @@ def _holding_limit_row(key: str, held: threading.Event, done: threading.Event) -
 
 
 @pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite holds no row lock")
-def test_a_rate_held_by_another_claim_costs_one_statement_and_is_left_to_its_holder() -> None:
+def test_a_rate_held_by_another_claim_costs_a_statement_or_two_and_is_left_to_its_holder() -> None:
     # 100/s: the bucket holds 20 tokens and is granted from 10, gathered in 0.1 s. A relay
     # that finds it held asks again 0.05 s later, not at its next claim: four busy relays
-    # each asking at every claim locked it twice as often as it was granted.
+    # each asking at every claim locked it twice as often as it was granted. MariaDB's
+    # claim skips the locked row; PostgreSQL's reads it, claims, fails to spend it (one
+    # statement that skips the lock) and hands the rows back.
     receiver(Pinged, key="t.sms", rate_limit="100/s")(lambda evt: None)
     receiver(OrderPlaced, key="t.free")(lambda evt: None)
     fire_each(*(Pinged(n=n) for n in range(60)))
@@ -191,10 +193,50 @@ def test_a_rate_held_by_another_claim_costs_one_statement_and_is_left_to_its_hol
     assert first == second == ["t.free"] * 3  # the held limit's rows wait
     assert wait is not None and 0.03 < wait <= 0.05  # an idle relay sleeps that long
     on_limits = [q["sql"] for q in queries if "django_domain_events_limit" in q["sql"]]
-    # The first claim's skipped lock alone (no "does it exist?"); the second: nothing.
-    assert len(on_limits) == 1, on_limits
+    # The first claim's skipped lock alone (no "does it exist?"), or its read and its
+    # spend; the second: nothing.
+    assert len(on_limits) == (2 if connection.vendor == "postgresql" else 1), on_limits
+    waiting = DeliveryRecord.objects.filter(receiver_key="t.sms", status=DeliveryStatus.PENDING)
+    assert waiting.count() == 59 and {r.attempts for r in waiting} == {0}  # none taken
     # Past the wait, its holder gone, the bucket is asked and granted again.
     assert keys(now + timedelta(seconds=1.06), worker="w3").count("t.sms") == 20
+
+
+@needs_postgresql
+def test_a_rate_spent_by_another_relay_between_read_and_spend_hands_its_rows_back() -> None:
+    # PostgreSQL takes a rate without locking it: read, claim, spend by compare-and-set.
+    # Another relay's whole claim runs between this one's claim and its spend: the bucket
+    # is no longer what was read, so this claim spends nothing and hands its rows back,
+    # and no more rows are claimed than the bucket held.
+    receiver(Pinged, key="t.sms", rate_limit="50/s")(lambda evt: None)  # 10 tokens at most
+    receiver(OrderPlaced, key="t.free")(lambda evt: None)
+    fire_each(*(Pinged(n=n) for n in range(40)))
+    fire_each(*(OrderPlaced(order_id=n) for n in range(4)))
+    now = timezone.now() + timedelta(seconds=1)
+    other: dict[str, list[str]] = {}
+
+    def other_relay() -> None:
+        try:
+            other["keys"] = keys(now, worker="w1")
+        finally:
+            connection.close()
+
+    def before_spend(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if sql.lstrip().startswith("UPDATE django_domain_events_limit") and not other:
+            thread = threading.Thread(target=other_relay)
+            thread.start()
+            thread.join(30)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(before_spend):
+        mine = keys(now, worker="w2")
+    assert other["keys"].count("t.sms") == 10  # the bucket, all of it
+    assert mine.count("t.sms") == 0 and mine.count("t.free") == 4 - other["keys"].count("t.free")
+    claimed = DeliveryRecord.objects.filter(receiver_key="t.sms", status=DeliveryStatus.CLAIMED)
+    assert set(claimed.values_list("claimed_by", flat=True)) == {"w1"} and claimed.count() == 10
+    waiting = DeliveryRecord.objects.filter(receiver_key="t.sms", status=DeliveryStatus.PENDING)
+    assert waiting.count() == 30 and {r.attempts for r in waiting} == {0}
+    assert LimitRecord.objects.get(key="t.sms").tokens == 0.0
 
 
 def test_a_limit_row_deleted_meanwhile_is_written_anew(monkeypatch: pytest.MonkeyPatch) -> None:

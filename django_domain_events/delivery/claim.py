@@ -138,27 +138,28 @@ def _claim_within_limits(
     alias: str, args: ClaimArgs, limited: Sequence[limits.Limit], keys: Sequence[str]
 ) -> list[Claim]:
     """The limited receivers' rows first, each within every limit holding it as it allows
-    now, in one transaction holding the limits' rows locked (``limits.py``); then the rest
-    of the lane, after the commit, so the lock never slows the unlimited receivers'
-    claims. A row that must run alone (``lapse.py``) ends the claim."""
-    claims: list[Claim] = []
-    taken: dict[str, int] = {}
+    now; then the rest of the lane, after the limited rows' tokens are spent, so a limit's
+    lock never slows the unlimited receivers' claims. A row that must run alone
+    (``lapse.py``) ends the claim.
+
+    The limited rows are claimed in one transaction holding the limits' rows locked
+    (``limits.py``), or, where the limits are rates alone on PostgreSQL
+    (``limits.lock_free``), without one: the buckets read, the rows claimed, the tokens
+    spent by compare-and-set, and the rows handed back unstarted if another claim spent
+    the bucket first.
+    """
     asking = limits.worth_asking(alias, limited, args.now)
-    with transaction.atomic(using=alias):
-        grants = limits.allowances(alias, asking, args.now) if asking else []
-        left = {grant.limit.key: grant.rows for grant in grants}
-        for receivers, holding in limits.takes(limited, keys):
-            room = min([left.get(lm.key, 0) for lm in holding] + [args.limit - len(claims)])
-            if room < 1 or any(claim.alone for claim in claims):
-                continue
-            got = _claim(alias, _more(args, claims, only=receivers, limit=room))
-            if len(got) < room:  # none of their rows left due: not asked for a moment
-                limits.note_idle(alias, receivers, args.now)
-            for lm in holding:
-                left[lm.key] -= len(got)
-                taken[lm.key] = taken.get(lm.key, 0) + len(got)
-            claims += got
-        limits.spend(alias, grants, taken)
+    if limits.lock_free(alias, asking):
+        grants = limits.allowances(alias, asking, args.now, lock=False) if asking else []
+        claims, taken = _claim_limited(alias, args, limited, keys, grants)
+        if not limits.spend_unlocked(alias, grants, taken, args.now):
+            release(claims, now=args.now)
+            claims = []
+    else:
+        with transaction.atomic(using=alias):
+            grants = limits.allowances(alias, asking, args.now) if asking else []
+            claims, taken = _claim_limited(alias, args, limited, keys, grants)
+            limits.spend(alias, grants, taken)
     rest = args.limit - len(claims)
     skip = tuple(sorted({key for lm in limited for key in lm.members} | set(args.skip)))
     every_one_limited = (
@@ -169,6 +170,32 @@ def _claim_within_limits(
     if not claims:
         limits.forget_idle(alias)
     return claims
+
+
+def _claim_limited(
+    alias: str,
+    args: ClaimArgs,
+    limited: Sequence[limits.Limit],
+    keys: Sequence[str],
+    grants: Sequence[limits.Grant],
+) -> tuple[list[Claim], dict[str, int]]:
+    """Claim the limited receivers' rows within ``grants``: the claims, and how many rows
+    were taken from each limit."""
+    claims: list[Claim] = []
+    taken: dict[str, int] = {}
+    left = {grant.limit.key: grant.rows for grant in grants}
+    for receivers, holding in limits.takes(limited, keys):
+        room = min([left.get(lm.key, 0) for lm in holding] + [args.limit - len(claims)])
+        if room < 1 or any(claim.alone for claim in claims):
+            continue
+        got = _claim(alias, _more(args, claims, only=receivers, limit=room))
+        if len(got) < room:  # none of their rows left due: not asked for a moment
+            limits.note_idle(alias, receivers, args.now)
+        for lm in holding:
+            left[lm.key] -= len(got)
+            taken[lm.key] = taken.get(lm.key, 0) + len(got)
+        claims += got
+    return claims, taken
 
 
 def _more(
@@ -196,22 +223,26 @@ def _more(
 def release(claims: Sequence[Claim], *, now: datetime | None = None) -> int:
     """Hand rows back unstarted: owed again at once, no attempt spent.
 
-    A compare-and-set on each claim, so a row another worker has taken since is left alone.
+    A compare-and-set on each claim, so a row another worker has taken since is left alone:
+    one statement for the rows of each claim (one worker at one moment), in one transaction.
     """
     if not claims:
         return 0
     alias = database_alias()
-    released = 0
     moment = clock.normalize(now) if now is not None else clock.now()
+    ids_by_claim: dict[tuple[str, datetime], list[int]] = {}
+    for claim in claims:
+        ids_by_claim.setdefault((claim.claimed_by, claim.claimed_at), []).append(claim.id)
+    released = 0
     with transaction.atomic(using=alias):
-        for claim in claims:
+        for (claimed_by, claimed_at), ids in ids_by_claim.items():
             released += (
                 DeliveryRecord.objects.using(alias)
                 .filter(
-                    id=claim.id,
+                    id__in=ids,
                     status=DeliveryStatus.CLAIMED,
-                    claimed_by=claim.claimed_by,
-                    claimed_at=claim.claimed_at,
+                    claimed_by=claimed_by,
+                    claimed_at=claimed_at,
                 )
                 .update(**owed_again(moment))
             )

@@ -17,6 +17,13 @@ relay's claim holds locked is skipped, not waited for (``SKIP LOCKED``): that re
 taking its rows, and this one claims the rest of the lane at once, and leaves a rate it
 found held alone for half the time its bucket takes to gather (``_held_elsewhere``).
 
+On PostgreSQL, a claim whose limits are all rates (``lock_free``) opens no transaction:
+it reads the buckets, claims within them, and spends by compare-and-set against what it
+read (``spend_unlocked``, one statement that skips a locked row); if another claim spent
+or holds a bucket meanwhile, it spends nothing and hands its rows back unstarted. A rate
+is never overspent either way; a busy one costs a read, a claim and a write, not the five
+statements of a locked transaction, and a short one a read.
+
 - **Rate**: a token bucket per limit, refilled at the rate from ``refilled_at``, holding
   at most a fifth of a second's worth (at least one), so no window sees more than the
   rate plus that burst; granted only once it holds ``Limit.gather`` tokens (half the
@@ -44,11 +51,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Collection, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import Count
 
 from .. import conf
@@ -167,6 +175,9 @@ class Grant:
     # Never moved back: relays claim with slightly different clocks and stale moments, and a
     # bucket refilled from an earlier time would be handed the same seconds twice.
     refilled_at: datetime
+    # The bucket as the claim found it (tokens, refilled_at, paused_until): what a spend
+    # without a lock (``spend_unlocked``) expects to find still there.
+    found: tuple[float, datetime, datetime | None]
 
 
 # time.monotonic() at which this process's last claim expects a token; relay._poll reads it.
@@ -213,14 +224,29 @@ def _known_empty(alias: str, limit: Limit, now: datetime) -> bool:
     return until is not None and (until.tzinfo is None) == (now.tzinfo is None) and now < until
 
 
-def allowances(alias: str, limits: Collection[Limit], now: datetime) -> list[Grant]:
+def lock_free(alias: str, limits: Collection[Limit]) -> bool:
+    """Whether a claim asking these limits takes their tokens without a transaction: on
+    PostgreSQL, where they are rates alone. A concurrency is counted from the rows under
+    a lease, so its claim must hold the limit locked while it claims; SQLite writes one
+    transaction at a time (a second would cost a commit), and MariaDB cannot lock a row in
+    the statement that updates it, so both keep the locked claim."""
+    return connections[alias].vendor == "postgresql" and all(
+        limit.concurrency is None for limit in limits
+    )
+
+
+def allowances(
+    alias: str, limits: Collection[Limit], now: datetime, *, lock: bool = True
+) -> list[Grant]:
     """Lock the limits' rows no other claim holds and say how many rows of each a claim
     may take now (a limit held elsewhere gets no grant: its holder is claiming it).
 
-    Called inside the claim's transaction; the locks hold until it commits.
+    Called inside the claim's transaction; the locks hold until it commits. With
+    ``lock=False`` (``lock_free`` limits) the rows are only read, and the claim spends
+    what it took by compare-and-set (``spend_unlocked``).
     """
     global _next_token
-    state = _locked(alias, limits, now)
+    state = _locked(alias, limits, now) if lock else _read(alias, limits, now)
     wait = min(
         [_held_elsewhere(alias, lm, now) for lm in limits if lm.key not in state], default=math.inf
     )
@@ -297,6 +323,20 @@ def _locked(alias: str, limits: Collection[Limit], now: datetime) -> dict[str, L
     return found
 
 
+def _read(alias: str, limits: Collection[Limit], now: datetime) -> dict[str, LimitRecord]:
+    """The limits' rows, by key, created on first use; read, not locked."""
+    rows = LimitRecord.objects.using(alias)
+    found = {row.key: row for row in rows.filter(key__in=[limit.key for limit in limits])}
+    new = [limit for limit in limits if limit.key not in found]
+    if new:
+        rows.bulk_create(
+            [LimitRecord(key=lm.key, tokens=lm.burst, refilled_at=now) for lm in new],
+            ignore_conflicts=True,
+        )
+        found.update({row.key: row for row in rows.filter(key__in=[lm.key for lm in new])})
+    return found
+
+
 def _lock(alias: str, keys: list[str]) -> dict[str, LimitRecord]:
     """Lock the rows of ``keys`` that no other transaction holds (all of them where the
     database cannot skip a lock: it then waits)."""
@@ -312,8 +352,9 @@ def _lock(alias: str, keys: list[str]) -> dict[str, LimitRecord]:
 def _grant(limit: Limit, row: LimitRecord, running: int, now: datetime) -> tuple[Grant, float]:
     """One limit's grant, and the seconds until a token comes when the rate allows none."""
     refilled_at = max(row.refilled_at, now)
+    found = (row.tokens, row.refilled_at, row.paused_until)
     if row.paused_until is not None and row.paused_until > now:
-        return Grant(limit, 0, row.tokens, row.refilled_at), math.inf
+        return Grant(limit, 0, row.tokens, row.refilled_at, found), math.inf
     rows, tokens, wait = math.inf, row.tokens, math.inf
     if limit.rate is not None:
         elapsed = max(0.0, (now - row.refilled_at).total_seconds())
@@ -323,7 +364,7 @@ def _grant(limit: Limit, row: LimitRecord, running: int, now: datetime) -> tuple
             wait = (limit.gather - tokens) / limit.rate
     if limit.concurrency is not None:
         rows = min(rows, max(0, limit.concurrency - running))
-    return Grant(limit, int(min(rows, 1_000_000)), tokens, refilled_at), wait
+    return Grant(limit, int(min(rows, 1_000_000)), tokens, refilled_at, found), wait
 
 
 def spend(alias: str, grants: Iterable[Grant], taken: Mapping[str, int]) -> None:
@@ -340,6 +381,50 @@ def spend(alias: str, grants: Iterable[Grant], taken: Mapping[str, int]) -> None
             tokens=left, refilled_at=grant.refilled_at
         )
         _spent_until(alias, grant, left)
+
+
+# Spend a bucket only if it is as the claim read it, and no other statement holds it
+# (``spend_unlocked``): a compare-and-set in one statement, which never waits for a lock.
+_SPEND_FOUND = """
+UPDATE django_domain_events_limit SET tokens = %s, refilled_at = %s
+WHERE key = (
+    SELECT key FROM django_domain_events_limit
+    WHERE key = %s AND tokens = %s AND refilled_at = %s
+        AND paused_until IS NOT DISTINCT FROM %s::timestamptz
+    FOR UPDATE SKIP LOCKED
+)
+"""
+
+
+def spend_unlocked(
+    alias: str, grants: Iterable[Grant], taken: Mapping[str, int], now: datetime
+) -> bool:
+    """Spend the rows claimed from each rate as ``spend`` does, without the claim having
+    locked them: each bucket by compare-and-set against what the claim read. False when
+    any was changed or is held by another claim since (nothing is then spent, and the
+    caller hands its rows back); that rate is left alone as one found held.
+
+    Several buckets are spent in one transaction, so a claim spends all or none.
+    """
+    global _next_token
+    spent = [g for g in grants if g.limit.rate is not None and taken.get(g.limit.key, 0)]
+    if not spent:
+        return True
+    # One bucket is one statement, all or nothing by itself: no transaction to open.
+    together = transaction.atomic(using=alias) if len(spent) > 1 else nullcontext()
+    with together, connections[alias].cursor() as cursor:
+        for grant in spent:
+            left = max(0.0, grant.tokens - taken[grant.limit.key])
+            cursor.execute(_SPEND_FOUND, [left, grant.refilled_at, grant.limit.key, *grant.found])
+            if cursor.rowcount != 1:
+                wait = _held_elsewhere(alias, grant.limit, now)
+                _next_token = min(_next_token, time.monotonic() + wait)
+                if len(spent) > 1:
+                    transaction.set_rollback(True, using=alias)
+                return False
+    for grant in spent:
+        _spent_until(alias, grant, max(0.0, grant.tokens - taken[grant.limit.key]))
+    return True
 
 
 def _spent_until(alias: str, grant: Grant, left: float) -> None:
