@@ -32,7 +32,7 @@ from django_domain_events import fire
 from django_domain_events.models import LimitRecord
 
 from .events import METERED_KEY, PACED_KEY, UNMETERED_KEY, Metered, Paced, Unmetered
-from .measure import reset_tables
+from .measure import reset_tables, settle_database
 
 RELAYS, CONCURRENCY = 4, 8
 # The control's rows go this far ahead of the unlimited rows fired before the round (99:
@@ -94,6 +94,9 @@ def run_round(
             fire(Unmetered(n=n))
         for n in range(0 if metered_first else metered):
             fire(Metered(n=n))
+    # Every case starts from the same state: statistics of its own rows, and the firing's
+    # dirty pages (and the last round's) written out, not flushed by a checkpoint mid-run.
+    settle_database()
     with tempfile.TemporaryDirectory(prefix="dde-bench-limits-") as tmp:
         log = Path(tmp) / "runs"
         go = Path(tmp) / "go"
