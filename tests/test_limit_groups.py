@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from datetime import timedelta
 from io import StringIO
 
@@ -10,15 +11,17 @@ import pytest
 from django.core.checks import run_checks
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
 from django_domain_events import RetryAfter, fire, outbox_health, receiver, run_relay
 from django_domain_events.conf import get as settings_now
 from django_domain_events.delivery.claim import claim_batch
+from django_domain_events.delivery.claim_rows import Claim
 from django_domain_events.models import DeliveryRecord, DeliveryStatus, LimitRecord
 from tests.app.events import OrderPlaced, Pinged
+from tests.conftest import needs_postgresql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -176,3 +179,42 @@ def test_a_lane_limit_on_no_declared_lane_is_a_warning() -> None:
 def test_a_bad_limit_group_option_is_refused(value: object) -> None:
     with pytest.raises(ValueError, match=r"limit_group=\) must name a group of LIMIT_GROUPS"):
         receiver(Pinged, key="t.bad", limit_group=value)(lambda evt: None)  # type: ignore[arg-type]
+
+
+@needs_postgresql
+@override_settings(DJANGO_DOMAIN_EVENTS={"LIMIT_GROUPS": {"sms": {"rate_limit": "50/s"}}})
+def test_a_claim_spends_all_its_rates_or_none_when_another_relay_spends_one_first() -> None:
+    # PostgreSQL spends rates without a lock, each bucket by compare-and-set. A claim of
+    # t.a spends its own bucket, then the group's; another relay claiming t.b (another
+    # lane, the same group) spends the group's in between: the first claim's spend of its
+    # own bucket is undone with it, and its rows go back unstarted.
+    receiver(Pinged, key="t.a", lane="a", limit_group="sms", rate_limit="50/s")(lambda e: None)
+    receiver(OrderPlaced, key="t.b", lane="b", limit_group="sms")(lambda evt: None)
+    fire_each(*(Pinged(n=n) for n in range(20)), *(OrderPlaced(order_id=n) for n in range(20)))
+    now = timezone.now() + timedelta(seconds=1)
+    other: dict[str, list[Claim]] = {}
+    spends = []
+
+    def other_relay() -> None:
+        try:
+            other["claims"] = claim_batch(worker_id="w1", now=now, lease=60, limit=50, lane="b")
+        finally:
+            connection.close()
+
+    def between_spends(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if sql.lstrip().startswith("UPDATE django_domain_events_limit"):
+            spends.append(params[2])
+            if len(spends) == 2:  # its own bucket spent, the group's next
+                thread = threading.Thread(target=other_relay)
+                thread.start()
+                thread.join(30)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(between_spends):
+        mine = claim_batch(worker_id="w2", now=now, lease=60, limit=50, lane="a")
+    assert spends == ["t.a", "group:sms"]
+    assert mine == [] and [c.receiver_key for c in other["claims"]] == ["t.b"] * 10
+    assert LimitRecord.objects.get(key="t.a").tokens == 10.0  # its spend undone
+    assert LimitRecord.objects.get(key="group:sms").tokens == 0.0  # the other relay's
+    waiting = DeliveryRecord.objects.filter(receiver_key="t.a", status=DeliveryStatus.PENDING)
+    assert waiting.count() == 20 and {r.attempts for r in waiting} == {0}
