@@ -314,10 +314,7 @@ def _locked(alias: str, limits: Collection[Limit], now: datetime) -> dict[str, L
         _seen_at.update({(alias, key): clock for key in held})
         new = [lm for lm in missing if lm.key not in held]
         if new:
-            rows.bulk_create(
-                [LimitRecord(key=lm.key, tokens=lm.burst, refilled_at=now) for lm in new],
-                ignore_conflicts=True,
-            )
+            _create(alias, new, now)
             found.update(_lock(alias, [lm.key for lm in new]))
     _seen_at.update({(alias, key): clock for key in found})
     return found
@@ -329,12 +326,18 @@ def _read(alias: str, limits: Collection[Limit], now: datetime) -> dict[str, Lim
     found = {row.key: row for row in rows.filter(key__in=[limit.key for limit in limits])}
     new = [limit for limit in limits if limit.key not in found]
     if new:
-        rows.bulk_create(
-            [LimitRecord(key=lm.key, tokens=lm.burst, refilled_at=now) for lm in new],
-            ignore_conflicts=True,
-        )
+        _create(alias, new, now)
         found.update({row.key: row for row in rows.filter(key__in=[lm.key for lm in new])})
     return found
+
+
+def _create(alias: str, limits: Iterable[Limit], now: datetime) -> None:
+    """Write the rows of limits used for the first time: a full bucket each (another
+    claim writing one at the same moment wins, and its row is used)."""
+    LimitRecord.objects.using(alias).bulk_create(
+        [LimitRecord(key=lm.key, tokens=lm.burst, refilled_at=now) for lm in limits],
+        ignore_conflicts=True,
+    )
 
 
 def _lock(alias: str, keys: list[str]) -> dict[str, LimitRecord]:
@@ -410,20 +413,21 @@ def spend_unlocked(
     spent = [g for g in grants if g.limit.rate is not None and taken.get(g.limit.key, 0)]
     if not spent:
         return True
-    # One bucket is one statement, all or nothing by itself: no transaction to open.
-    together = transaction.atomic(using=alias) if len(spent) > 1 else nullcontext()
+    left = {g.limit.key: max(0.0, g.tokens - taken[g.limit.key]) for g in spent}
+    several = len(spent) > 1  # one bucket is one statement, all or nothing by itself
+    together = transaction.atomic(using=alias) if several else nullcontext()
     with together, connections[alias].cursor() as cursor:
         for grant in spent:
-            left = max(0.0, grant.tokens - taken[grant.limit.key])
-            cursor.execute(_SPEND_FOUND, [left, grant.refilled_at, grant.limit.key, *grant.found])
+            key = grant.limit.key
+            cursor.execute(_SPEND_FOUND, [left[key], grant.refilled_at, key, *grant.found])
             if cursor.rowcount != 1:
                 wait = _held_elsewhere(alias, grant.limit, now)
                 _next_token = min(_next_token, time.monotonic() + wait)
-                if len(spent) > 1:
+                if several:
                     transaction.set_rollback(True, using=alias)
                 return False
     for grant in spent:
-        _spent_until(alias, grant, max(0.0, grant.tokens - taken[grant.limit.key]))
+        _spent_until(alias, grant, left[grant.limit.key])
     return True
 
 
